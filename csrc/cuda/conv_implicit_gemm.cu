@@ -1,0 +1,320 @@
+/*
+** conv_implicit_gemm.cu: forward and dgrad on tensor cores, fp16/bf16 with
+** fp32 accumulation.  out[r] = sum_k src[map[r, k]] @ W_k, one launch for all
+** offsets, output-stationary (no atomics, deterministic).
+**
+** Workload: 100-200k rows, 27 offsets of which ~3.5-10 are present per row,
+** C in {16..256}.  At C <= 64 the layer is memory-bound (the 173k x 27 int32
+** map alone is 18.7 MB, as much as x and y together at C = 32), at C >= 128
+** compute-bound.  Rows arrive sorted by coordinate key, so a tile of 128
+** consecutive rows is a compact patch of the scene and sees only some of the
+** offsets.
+**
+** One block computes a BM x BN tile of out:
+**   1. it copies the tile's BM x V map entries into shared memory (one
+**      contiguous read, all cp.async in flight at once; entries outside
+**      [0, src_rows) become -1),
+**      and builds per offset a bit mask of the 16-row groups that use it;
+**   2. the offsets used by no row of the tile are dropped (a warp ballot
+**      compacts the rest into a list);
+**   3. a STAGES-deep cp.async pipeline walks (offset, BK-channel chunk)
+**      steps: A = BM gathered source rows (absent rows are zero-filled by
+**      cp.async without reading memory), B = the BK x BN slice of W_k;
+**   4. each warp skips the mma of 16-row groups that have no row for the
+**      step's offset (the tensor cores are the bottleneck at large C, and
+**      ~3.5 of 27 offsets per row leaves most groups empty);
+**   5. fp32 accumulators are rounded once and stored.
+** dgrad is the same kernel on nbmap_t with W_k read transposed: w[k] is
+** [c_in, c_out] = [n, red] there, so B is copied N-major into shared memory
+** and loaded with plain ldmatrix instead of ldmatrix.trans (no transposed
+** copy of w is needed).
+**
+** Shared memory rows are padded by 16 bytes so that the 8 rows an ldmatrix
+** reads fall in 8 different bank groups.
+*/
+#include "conv_internal.cuh"
+#include "conv_mma.cuh"
+
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TW_> struct igemm_cfg {
+  enum {
+    BM = BM_, BN = BN_, BK = BK_, WM = WM_, WN = WN_, STAGES = STAGES_,
+    WARPS_N = BN / WN, WARPS = (BM / WM) * (BN / WN), THREADS = WARPS * 32,
+    MI = WM / 16, NI = WN / 8,
+    A_LD = BK + 8, A_STAGE = BM * A_LD,
+    B_ROWS = TW_ ? BN : BK, B_LD = TW_ ? BK + 8 : BN + 8, B_STAGE = B_ROWS * B_LD,
+  };
+  static const bool TW = TW_;
+};
+
+template <typename CFG>
+static size_t igemm_smem_bytes(int volume) {
+  return (size_t)CFG::STAGES * (CFG::A_STAGE + CFG::B_STAGE) * 2 /* 16-bit elements */ +
+         (size_t)CFG::BM * volume * 4 + (size_t)volume * 8 + 16;
+}
+
+template <typename T, typename CFG>
+__global__ void __launch_bounds__(CFG::THREADS)
+    igemm_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
+                    const int32_t *__restrict__ map, int64_t rows, int volume, int red, int n,
+                    T *__restrict__ out) {
+  enum { BM = CFG::BM, BN = CFG::BN, BK = CFG::BK, STAGES = CFG::STAGES, NT = CFG::THREADS };
+  enum { MI = CFG::MI, NI = CFG::NI, A_LD = CFG::A_LD, B_LD = CFG::B_LD };
+  static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
+  static_assert(BM / 16 <= 32, "row-group masks are 32-bit");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *s_a = (T *)smem_raw;
+  T *s_b = s_a + STAGES * CFG::A_STAGE;
+  int32_t *s_nb = (int32_t *)(s_b + STAGES * CFG::B_STAGE);
+  uint32_t *s_groups = (uint32_t *)(s_nb + BM * volume);
+  int32_t *s_list = (int32_t *)(s_groups + volume);
+  int32_t *s_count = s_list + volume;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tiles_n = (n + BN - 1) / BN;
+  /* n tiles fastest: the blocks that gather the same source rows run together. */
+  const int64_t mt = blockIdx.x / tiles_n;
+  const int n0 = (int)(blockIdx.x - mt * tiles_n) * BN;
+  const int64_t row0 = mt * BM;
+  const int64_t rows_here = rows - row0 < BM ? rows - row0 : BM;
+
+  /* 1. The tile's map entries and the per-offset masks of 16-row groups.
+  ** The BM x V entries are contiguous: copy them with cp.async so that every
+  ** load is in flight at once (a plain load loop around the atomics below was
+  ** issued one round trip at a time), then sanitise in shared memory. */
+  const int32_t *map_tile = map + row0 * volume;
+  const int total = (int)rows_here * volume;
+  int head = 0;
+  if (((uintptr_t)map_tile & 15) == 0) { /* true whenever map itself is 16-byte aligned */
+    head = total & ~3;
+    for (int i = 4 * tid; i < head; i += 4 * NT) tsp_cp_async16(s_nb + i, map_tile + i, true);
+  }
+  tsp_cp_async_commit();
+  for (int i = head + tid; i < total; i += NT) s_nb[i] = map_tile[i];
+  for (int i = tid; i < volume; i += NT) s_groups[i] = 0;
+  tsp_cp_async_wait<0>();
+  __syncthreads();
+  /* One warp per 16-row group, one lane per offset: no division, one shared
+  ** atomic per (group, offset) instead of one per entry. */
+  for (int g = warp; g < BM / 16; g += CFG::WARPS)
+    for (int k = lane; k < volume; k += 32) {
+      bool any = false;
+#pragma unroll 4
+      for (int rr = 0; rr < 16; ++rr) {
+        const int i = (g * 16 + rr) * volume + k;
+        int32_t p = i < total ? s_nb[i] : -1;
+        if (p < 0 || (int64_t)p >= src_rows) p = -1;
+        s_nb[i] = p;
+        any |= p >= 0;
+      }
+      if (any) atomicOr(&s_groups[k], 1u << g);
+    }
+  __syncthreads();
+
+  /* 2. Offsets some row of the tile uses, in increasing k. */
+  if (warp == 0) {
+    int count = 0;
+    for (int base = 0; base < volume; base += 32) {
+      const int k = base + lane;
+      const bool used = k < volume && s_groups[k] != 0;
+      const unsigned ballot = __ballot_sync(0xffffffffu, used);
+      if (used) s_list[count + __popc(ballot & ((1u << lane) - 1))] = k;
+      count += __popc(ballot);
+    }
+    if (lane == 0) *s_count = count;
+  }
+  __syncthreads();
+  const int chunks = (red + BK - 1) / BK;
+  const int steps = *s_count * chunks;
+
+  /* 3. Pipeline stage loader: step -> (offset, channel chunk). */
+  auto load_step = [&](int li, int c0, int stage) {
+    const int k = s_list[li];
+    T *a_dst = s_a + stage * CFG::A_STAGE;
+#pragma unroll
+    for (int it = 0; it < (BM * (BK / 8) + NT - 1) / NT; ++it) {
+      const int i = tid + it * NT;
+      if (i >= BM * (BK / 8)) break;
+      const int r = i / (BK / 8), c = c0 + (i % (BK / 8)) * 8;
+      const int32_t p = s_nb[r * volume + k];
+      const bool valid = p >= 0 && c < red;
+      const T *g = valid ? src + (int64_t)p * red + c : src;
+      tsp_cp_async16(a_dst + r * A_LD + (i % (BK / 8)) * 8, g, valid);
+    }
+    T *b_dst = s_b + stage * CFG::B_STAGE;
+    const T *wk = w + (int64_t)k * red * n;
+    if (!CFG::TW) { /* W_k = w[k], [red, n]: BK rows of BN contiguous channels */
+#pragma unroll
+      for (int it = 0; it < (BK * (BN / 8) + NT - 1) / NT; ++it) {
+        const int i = tid + it * NT;
+        if (i >= BK * (BN / 8)) break;
+        const int r = i / (BN / 8), j = n0 + (i % (BN / 8)) * 8;
+        const bool valid = c0 + r < red && j < n;
+        const T *g = valid ? wk + (int64_t)(c0 + r) * n + j : w;
+        tsp_cp_async16(b_dst + r * B_LD + (i % (BN / 8)) * 8, g, valid);
+      }
+    } else { /* W_k = w[k]^T, w[k] is [n, red]: BN rows of BK contiguous channels */
+#pragma unroll
+      for (int it = 0; it < (BN * (BK / 8) + NT - 1) / NT; ++it) {
+        const int i = tid + it * NT;
+        if (i >= BN * (BK / 8)) break;
+        const int r = i / (BK / 8), c = c0 + (i % (BK / 8)) * 8;
+        const bool valid = n0 + r < n && c < red;
+        const T *g = valid ? wk + (int64_t)(n0 + r) * red + c : w;
+        tsp_cp_async16(b_dst + r * B_LD + (i % (BK / 8)) * 8, g, valid);
+      }
+    }
+  };
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+  const int warp_m = warp / CFG::WARPS_N, warp_n = warp % CFG::WARPS_N;
+  const int wm0 = warp_m * CFG::WM, wn0 = warp_n * CFG::WN;
+
+  /* (offset list index, first channel) of the next step to load and of the
+  ** step being computed; advanced by counters, not divisions. */
+  int load_li = 0, load_c0 = 0, comp_li = 0, comp_c0 = 0;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < steps) {
+      load_step(load_li, load_c0, s);
+      load_c0 += BK;
+      if (load_c0 >= red) load_c0 = 0, ++load_li;
+    }
+    tsp_cp_async_commit();
+  }
+
+  for (int step = 0; step < steps; ++step) {
+    tsp_cp_async_wait<STAGES - 2>();
+    __syncthreads(); /* step's stage landed for all; stage (step-1) % STAGES is free */
+    if (step + STAGES - 1 < steps) {
+      load_step(load_li, load_c0, (step + STAGES - 1) % STAGES);
+      load_c0 += BK;
+      if (load_c0 >= red) load_c0 = 0, ++load_li;
+    }
+    tsp_cp_async_commit();
+
+    const int stage = step % STAGES;
+    const uint32_t groups = s_groups[s_list[comp_li]];
+    comp_c0 += BK;
+    if (comp_c0 >= red) comp_c0 = 0, ++comp_li;
+    bool on[MI];
+    bool any = false;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+      on[mi] = (groups >> ((wm0 + mi * 16) >> 4)) & 1u;
+      any |= on[mi];
+    }
+    if (!any) continue; /* warp-uniform: no barrier below */
+
+    const T *a_s = s_a + stage * CFG::A_STAGE;
+    const T *b_s = s_b + stage * CFG::B_STAGE;
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      uint32_t af[MI][4];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+        if (on[mi])
+          tsp_ldmatrix_x4(af[mi], a_s + (wm0 + mi * 16 + (lane & 15)) * A_LD + ks * 16 +
+                                      (lane >> 4) * 8);
+      uint32_t bf[NI][2];
+#pragma unroll
+      for (int nj = 0; nj < NI / 2; ++nj) {
+        uint32_t r[4];
+        if (!CFG::TW)
+          tsp_ldmatrix_x4_trans(r, b_s + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * B_LD +
+                                       wn0 + nj * 16 + (lane >> 4) * 8);
+        else
+          tsp_ldmatrix_x4(r, b_s + (wn0 + nj * 16 + (lane & 7) + (lane >> 4) * 8) * B_LD +
+                                 ks * 16 + ((lane >> 3) & 1) * 8);
+        bf[2 * nj][0] = r[0];
+        bf[2 * nj][1] = r[1];
+        bf[2 * nj + 1][0] = r[2];
+        bf[2 * nj + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+        if (on[mi])
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) tsp_mma16816(acc[mi][ni], af[mi], bf[ni], T());
+    }
+  }
+  tsp_cp_async_wait<0>(); /* no copy may outlive the block (empty groups only, but be exact) */
+
+  /* 5. Every element of the tile is written, rows with no offset as zeros. */
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+      const int col = n0 + wn0 + ni * 8 + (lane & 3) * 2;
+      if (col >= n) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = row0 + wm0 + mi * 16 + (lane >> 2) + h * 8;
+        if (r < rows) tsp_store2(out + r * n + col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+      }
+    }
+}
+
+template <typename T, typename CFG>
+static tsp_status launch_igemm(const void *src, int64_t src_rows, const void *w,
+                               const int32_t *map, int64_t rows, int64_t volume, int64_t red,
+                               int64_t n, void *out, cudaStream_t stream) {
+  const size_t smem = igemm_smem_bytes<CFG>((int)volume);
+  static uint64_t smem_raised = 0; /* per instantiation: devices whose limit is raised */
+  tsp_status s = tsp_raise_smem_limit((const void *)igemm_os_kernel<T, CFG>, smem, &smem_raised,
+                                      "tsp_conv_igemm_os");
+  if (s != TSP_OK) return s;
+  const int64_t tiles = ((rows + CFG::BM - 1) / CFG::BM) * ((n + CFG::BN - 1) / CFG::BN);
+  if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+  igemm_os_kernel<T, CFG><<<(unsigned)tiles, CFG::THREADS, smem, stream>>>(
+      (const T *)src, src_rows, (const T *)w, map, rows, (int)volume, (int)red, (int)n, (T *)out);
+  return tsp_cuda_check_launch("tsp_conv_igemm_os");
+}
+
+/* Tile by produced channels: BN covers n when n <= 64, so each gathered row
+** is read once per offset; wider layers take 128 x 128 tiles with 8 warps. */
+template <typename T, bool TW>
+static tsp_status dispatch_igemm(const void *src, int64_t src_rows, const void *w,
+                                 const int32_t *map, int64_t rows, int64_t volume, int64_t red,
+                                 int64_t n, void *out, cudaStream_t stream) {
+  if (n <= 32)
+    return launch_igemm<T, igemm_cfg<128, 32, 32, 32, 32, 4, TW> >(src, src_rows, w, map, rows,
+                                                                    volume, red, n, out, stream);
+  if (n <= 64)
+    return launch_igemm<T, igemm_cfg<128, 64, 32, 32, 64, 4, TW> >(src, src_rows, w, map, rows,
+                                                                    volume, red, n, out, stream);
+  return launch_igemm<T, igemm_cfg<128, 128, 32, 32, 64, 4, TW> >(src, src_rows, w, map, rows,
+                                                                   volume, red, n, out, stream);
+}
+
+tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
+                             const int32_t *map, int64_t rows, int64_t volume, int64_t red,
+                             int64_t n, int transposed_w, void *out, cudaStream_t stream) {
+  if (red % 8 != 0 || n % 8 != 0 || red <= 0 || n <= 0 || volume > TSP_IGEMM_MAX_VOLUME ||
+      red > 0x7fffffff || n > 0x7fffffff || src_rows > 0x7fffffff)
+    return TSP_ERR_UNSUPPORTED;
+  if (((uintptr_t)src | (uintptr_t)w) % 16 != 0 || (uintptr_t)out % 4 != 0)
+    return TSP_ERR_UNSUPPORTED;
+  if (rows <= 0) return TSP_OK;
+  switch (dtype) {
+  case TSP_FLOAT16:
+    return transposed_w ? dispatch_igemm<__half, true>(src, src_rows, w, map, rows, volume, red, n,
+                                                       out, stream)
+                        : dispatch_igemm<__half, false>(src, src_rows, w, map, rows, volume, red,
+                                                        n, out, stream);
+  case TSP_BFLOAT16:
+    return transposed_w ? dispatch_igemm<__nv_bfloat16, true>(src, src_rows, w, map, rows, volume,
+                                                              red, n, out, stream)
+                        : dispatch_igemm<__nv_bfloat16, false>(src, src_rows, w, map, rows,
+                                                               volume, red, n, out, stream);
+  default:
+    return TSP_ERR_UNSUPPORTED;
+  }
+}

@@ -1,0 +1,133 @@
+/*
+** conv_internal.cuh: what the convolution files (conv.cu, conv_simple.cu,
+** conv_implicit_gemm.cu, conv_wgrad.cu) share: the launchers each kernel file
+** exports to conv.cu's dispatch, the element conversions, and the wgrad
+** row-chunking rule that tsp_conv_cuda_workspace and every wgrad kernel must
+** agree on.
+**
+** Naming inside these files: a "gathered" operand is the one whose rows come
+** through the map (x in forward, dy in dgrad); "red" is the reduction channel
+** count (c_in in forward, c_out in dgrad) and "n" the produced channel count.
+*/
+#ifndef TSP_CONV_INTERNAL_CUH
+#define TSP_CONV_INTERNAL_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda_common.cuh"
+
+/* ------------------------------------------------------- element access --- */
+
+static __device__ __forceinline__ float tsp_to_float(float v) { return v; }
+static __device__ __forceinline__ float tsp_to_float(__half v) { return __half2float(v); }
+static __device__ __forceinline__ float tsp_to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> static __device__ __forceinline__ T tsp_from_float(float v);
+template <> __device__ __forceinline__ float tsp_from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half tsp_from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 tsp_from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+/* ------------------------------------------------------- wgrad chunking --- */
+
+/*
+** wgrad reduces over output rows.  Deterministically: rows are cut into
+** `chunks` equal chunks, each (offset, chunk) block writes fp32 partial sums
+** to the workspace ([chunks, V, c_in, c_out]), and one reduction adds the
+** chunks in index order.  With one chunk the kernel writes dw directly.
+**
+** How many chunks: enough (offset, chunk, tile) blocks to fill 132 SMs
+** several times over (~2048), chunks of at least 256 rows, and at most 16M
+** partial floats (64 MB: reading them back costs ~21 us at 3 TB/s, so large
+** channel counts, which have few chunks anyway, stay bounded).  The centre
+** offset of a submanifold conv has every row present, so a chunk's block for
+** it does the most work: many chunks also keep that critical path short.
+*/
+enum { TSP_WGRAD_TARGET_BLOCKS = 2048, TSP_WGRAD_MIN_ROWS = 256 };
+static const int64_t TSP_WGRAD_MAX_PARTIALS = 16LL << 20;
+
+static inline int64_t tsp_wgrad_rows_per_chunk(const tsp_conv_problem *p) {
+  const int64_t n = p->n_out;
+  if (n <= 0) return 1;
+  const int64_t vcc = p->volume * p->c_in * p->c_out;
+  const int64_t tiles = ((p->c_in + 63) / 64) * ((p->c_out + 63) / 64);
+  int64_t chunks = (TSP_WGRAD_TARGET_BLOCKS + p->volume * tiles - 1) / (p->volume * tiles);
+  const int64_t by_rows = (n + TSP_WGRAD_MIN_ROWS - 1) / TSP_WGRAD_MIN_ROWS;
+  const int64_t by_ws = vcc > 0 ? TSP_WGRAD_MAX_PARTIALS / vcc : chunks;
+  if (chunks > by_rows) chunks = by_rows;
+  if (chunks > by_ws) chunks = by_ws;
+  if (chunks < 1) chunks = 1;
+  return (n + chunks - 1) / chunks;
+}
+
+static inline int64_t tsp_wgrad_chunks(const tsp_conv_problem *p) {
+  if (p->n_out <= 0) return 1;
+  const int64_t rows = tsp_wgrad_rows_per_chunk(p);
+  return (p->n_out + rows - 1) / rows;
+}
+
+/* ------------------------------------------------------ shared memory --- */
+
+/*
+** Kernels with more than 48 KB of dynamic shared memory need the limit raised
+** once per (kernel, device).  Remembered per device in a bit mask kept by the
+** caller (one per kernel instantiation), so the host-side call is not paid on
+** every launch; a race between host threads only repeats the idempotent call.
+*/
+static inline tsp_status tsp_raise_smem_limit(const void *kernel, size_t bytes, uint64_t *done,
+                                              const char *where) {
+  int dev = 0;
+  tsp_status s = tsp_cuda_check(cudaGetDevice(&dev), where);
+  if (s != TSP_OK) return s;
+  /* Attribute queries are cached host-side lookups: cheap on every call. */
+  int max_optin = 0;
+  s = tsp_cuda_check(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                     where);
+  if (s != TSP_OK) return s;
+  if (bytes > (size_t)max_optin) return TSP_ERR_UNSUPPORTED; /* e.g. V = 64 on a 99 KB part */
+  const uint64_t bit = dev < 64 ? 1ULL << dev : 0;
+  if (bit && (*done & bit)) return TSP_OK;
+  /* Always the device maximum, so one call serves every V. */
+  s = tsp_cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          max_optin),
+                     where);
+  if (s == TSP_OK) *done |= bit;
+  return s;
+}
+
+/* ------------------------------------------------------------ launchers --- */
+/* Each returns TSP_OK or TSP_ERR_CUDA (launch check); sizes are validated by
+** conv.cu.  `transposed_w`: read w[k] as [n, red] (dgrad: w is [V, c_in, c_out]
+** and the pass reduces over c_out) instead of [red, n]. */
+
+/* Output-stationary gather-sum, any channel count: out[r] = sum_k src[map[r, k]] @ W_k. */
+tsp_status tsp_conv_simple_os(tsp_dtype dtype, const void *src, int64_t src_rows,
+                              const void *w, const int32_t *map, int64_t rows, int64_t volume,
+                              int64_t red, int64_t n, int transposed_w, void *out,
+                              cudaStream_t stream);
+
+/* wgrad, any channel count: partials (or dw directly when chunks == 1). */
+tsp_status tsp_conv_simple_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
+                                 const int32_t *nbmap, void *dw, float *partials,
+                                 cudaStream_t stream);
+
+/* dw[e] = sum over chunks c in order of partials[c * count + e]. */
+tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int64_t chunks,
+                                    int64_t count, void *dw, cudaStream_t stream);
+
+/* Tensor-core paths: fp16/bf16, red and n multiples of 8, 16-byte aligned
+** operands, volume <= TSP_IGEMM_MAX_VOLUME.  Return TSP_ERR_UNSUPPORTED when
+** the shape is not theirs (the caller falls back). */
+enum { TSP_IGEMM_MAX_VOLUME = 64 };
+tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
+                             const int32_t *map, int64_t rows, int64_t volume, int64_t red,
+                             int64_t n, int transposed_w, void *out, cudaStream_t stream);
+tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
+                              const int32_t *nbmap, void *dw, float *partials,
+                              cudaStream_t stream);
+
+#endif /* TSP_CONV_INTERNAL_CUH */

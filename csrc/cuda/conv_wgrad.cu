@@ -1,0 +1,263 @@
+/*
+** conv_wgrad.cu: weight gradient on tensor cores, fp16/bf16, fp32
+** accumulation, deterministic.  dW_k = X[nbmap[:, k]]^T dY over the rows q
+** with nbmap[q, k] present: a GEMM of M = c_in, N = c_out and a reduction
+** over rows.
+**
+** Rows are the reduction dimension, so absent pairs can simply be left out:
+** each block (row chunk, offset k, c_in tile, c_out tile) scans its chunk's
+** map column k, compacts the present (p, q) pairs into a shared-memory list
+** (warp ballots, in row order, so the summation order is fixed), then runs a
+** cp.async pipeline over slabs of 32 pairs: A = the 32 gathered x rows
+** (stored pair-major, so A fragments come through ldmatrix.trans), B = the 32
+** dy rows.  No zero rows are multiplied, unlike a dense formulation, which at
+** ~3.5 of 27 offsets per row would do ~8x the work.
+**
+** Chunks (conv_internal.cuh) write fp32 partials [chunks, V, c_in, c_out] to
+** the workspace and tsp_conv_reduce_partials adds them in chunk order; with
+** one chunk the block writes dw itself.  The map column is read with a stride
+** of V ints (one 32-byte sector per row per offset, so ~8x the map's size in
+** L2 traffic, ~15 us at 173k rows); a per-offset pair list built once would
+** remove that, at the cost of a map-sized workspace.
+*/
+#include "conv_internal.cuh"
+#include "conv_mma.cuh"
+
+/* WG_ROWS map entries per thread are loaded before each compaction so that
+** they are in flight together (one at a time cost a round trip per 128 rows). */
+enum { WG_BK = 32, WG_LIST = 2048, WG_STAGES = 4, WG_ROWS = 4 };
+
+template <int BM_, int BN_, int WM_, int WN_> struct wgrad_cfg {
+  enum {
+    BM = BM_, BN = BN_, WM = WM_, WN = WN_,
+    WARPS_N = BN / WN, WARPS = (BM / WM) * (BN / WN), THREADS = WARPS * 32,
+    MI = WM / 16, NI = WN / 8,
+    A_LD = BM + 8, A_STAGE = WG_BK * A_LD, B_LD = BN + 8, B_STAGE = WG_BK * B_LD,
+  };
+};
+
+template <typename CFG> static size_t wgrad_smem_bytes() {
+  return (size_t)WG_STAGES * (CFG::A_STAGE + CFG::B_STAGE) * 2 + (size_t)WG_LIST * 8 +
+         (size_t)WG_ROWS * CFG::WARPS * 4;
+}
+
+template <typename T, typename CFG>
+__global__ void __launch_bounds__(CFG::THREADS)
+    mma_wgrad_kernel(const T *__restrict__ x, int64_t n_in, const T *__restrict__ dy,
+                     int64_t n_out, const int32_t *__restrict__ map, int volume, int c_in,
+                     int c_out, int64_t rows_per_chunk, float *__restrict__ partials,
+                     T *__restrict__ dw) {
+  enum { BM = CFG::BM, BN = CFG::BN, NT = CFG::THREADS, MI = CFG::MI, NI = CFG::NI };
+  enum { A_LD = CFG::A_LD, B_LD = CFG::B_LD, STAGES = WG_STAGES, BK = WG_BK };
+  static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
+  static_assert(WG_LIST >= WG_ROWS * NT, "the list holds one batch");
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *s_a = (T *)smem_raw;
+  T *s_b = s_a + STAGES * CFG::A_STAGE;
+  int32_t *s_p = (int32_t *)(s_b + STAGES * CFG::B_STAGE);
+  int32_t *s_q = s_p + WG_LIST;
+  int32_t *s_warp = s_q + WG_LIST;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tiles_n = (c_out + BN - 1) / BN, tiles_m = (c_in + BM - 1) / BM;
+  int64_t b = blockIdx.x;
+  const int n0 = (int)(b % tiles_n) * BN;
+  b /= tiles_n;
+  const int m0 = (int)(b % tiles_m) * BM;
+  b /= tiles_m;
+  const int k = (int)(b % volume);
+  const int64_t chunk = b / volume;
+  const int64_t q0 = chunk * rows_per_chunk;
+  const int64_t q1 = q0 + rows_per_chunk < n_out ? q0 + rows_per_chunk : n_out;
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+  const int warp_m = warp / CFG::WARPS_N, warp_n = warp % CFG::WARPS_N;
+  const int wm0 = warp_m * CFG::WM, wn0 = warp_n * CFG::WN;
+
+  int64_t scan = q0;
+  while (scan < q1) { /* block-uniform */
+    /* Compact present pairs of rows [scan, ...) into the list, in row order. */
+    int count = 0;
+    while (scan < q1 && count + WG_ROWS * NT <= WG_LIST) {
+      int32_t p[WG_ROWS];
+#pragma unroll
+      for (int j = 0; j < WG_ROWS; ++j) {
+        const int64_t q = scan + j * NT + tid;
+        p[j] = q < q1 ? map[q * volume + k] : -1;
+      }
+      unsigned ballot[WG_ROWS];
+#pragma unroll
+      for (int j = 0; j < WG_ROWS; ++j) {
+        if (p[j] < 0 || (int64_t)p[j] >= n_in) p[j] = -1;
+        ballot[j] = __ballot_sync(0xffffffffu, p[j] >= 0);
+        if (lane == 0) s_warp[j * CFG::WARPS + warp] = __popc(ballot[j]);
+      }
+      __syncthreads();
+      /* Pairs land in row order: batch j, then warp, then lane. */
+      int offset = count;
+#pragma unroll
+      for (int j = 0; j < WG_ROWS; ++j) {
+        int before = 0, total = 0;
+        for (int w = 0; w < CFG::WARPS; ++w) {
+          const int c = s_warp[j * CFG::WARPS + w];
+          before += w < warp ? c : 0;
+          total += c;
+        }
+        if (p[j] >= 0) {
+          const int pos = offset + before + __popc(ballot[j] & ((1u << lane) - 1));
+          s_p[pos] = p[j];
+          s_q[pos] = (int32_t)(scan + j * NT + tid);
+        }
+        offset += total;
+      }
+      count = offset;
+      scan += WG_ROWS * NT;
+      __syncthreads(); /* s_warp is rewritten next batch; the list is read below */
+    }
+
+    const int slabs = (count + BK - 1) / BK;
+    auto load_slab = [&](int slab, int stage) {
+      T *a_dst = s_a + stage * CFG::A_STAGE;
+#pragma unroll
+      for (int it = 0; it < (BK * (BM / 8) + NT - 1) / NT; ++it) {
+        const int i = tid + it * NT;
+        if (i >= BK * (BM / 8)) break;
+        const int r = i / (BM / 8), c = m0 + (i % (BM / 8)) * 8, j = slab * BK + r;
+        const bool valid = j < count && c < c_in;
+        const T *g = valid ? x + (int64_t)s_p[j] * c_in + c : x;
+        tsp_cp_async16(a_dst + r * A_LD + (i % (BM / 8)) * 8, g, valid);
+      }
+      T *b_dst = s_b + stage * CFG::B_STAGE;
+#pragma unroll
+      for (int it = 0; it < (BK * (BN / 8) + NT - 1) / NT; ++it) {
+        const int i = tid + it * NT;
+        if (i >= BK * (BN / 8)) break;
+        const int r = i / (BN / 8), c = n0 + (i % (BN / 8)) * 8, j = slab * BK + r;
+        const bool valid = j < count && c < c_out;
+        const T *g = valid ? dy + (int64_t)s_q[j] * c_out + c : dy;
+        tsp_cp_async16(b_dst + r * B_LD + (i % (BN / 8)) * 8, g, valid);
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < slabs) load_slab(s, s);
+      tsp_cp_async_commit();
+    }
+    for (int slab = 0; slab < slabs; ++slab) {
+      tsp_cp_async_wait<STAGES - 2>();
+      __syncthreads();
+      if (slab + STAGES - 1 < slabs) load_slab(slab + STAGES - 1, (slab + STAGES - 1) % STAGES);
+      tsp_cp_async_commit();
+      const T *a_s = s_a + (slab % STAGES) * CFG::A_STAGE;
+      const T *b_s = s_b + (slab % STAGES) * CFG::B_STAGE;
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ++ks) {
+        /* A (m x pairs) is stored pair-major: matrix j of the x4 is
+        ** (m block j & 1, pair block j >> 1), read transposed. */
+        uint32_t af[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+          tsp_ldmatrix_x4_trans(af[mi], a_s + (ks * 16 + (lane & 7) + (lane >> 4) * 8) * A_LD +
+                                            wm0 + mi * 16 + ((lane >> 3) & 1) * 8);
+        uint32_t bf[NI][2];
+#pragma unroll
+        for (int nj = 0; nj < NI / 2; ++nj) {
+          uint32_t r[4];
+          tsp_ldmatrix_x4_trans(r, b_s + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * B_LD +
+                                       wn0 + nj * 16 + (lane >> 4) * 8);
+          bf[2 * nj][0] = r[0];
+          bf[2 * nj][1] = r[1];
+          bf[2 * nj + 1][0] = r[2];
+          bf[2 * nj + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < NI; ++ni) tsp_mma16816(acc[mi][ni], af[mi], bf[ni], T());
+      }
+    }
+    tsp_cp_async_wait<0>();
+    __syncthreads(); /* stages and list are reused by the next batch */
+  }
+
+  const int64_t count_vcc = (int64_t)c_in * c_out;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+      const int col = n0 + wn0 + ni * 8 + (lane & 3) * 2;
+      if (col >= c_out) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = m0 + wm0 + mi * 16 + (lane >> 2) + h * 8;
+        if (m >= c_in) continue;
+        const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+        if (partials) {
+          float2 *dst = (float2 *)(partials + (chunk * volume + k) * count_vcc +
+                                   (int64_t)m * c_out + col);
+          *dst = make_float2(v0, v1);
+        } else {
+          tsp_store2(dw + (int64_t)k * count_vcc + (int64_t)m * c_out + col, v0, v1);
+        }
+      }
+    }
+}
+
+template <typename T, typename CFG>
+static tsp_status launch_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
+                                   const int32_t *nbmap, void *dw, float *partials,
+                                   cudaStream_t stream) {
+  const int64_t rows = tsp_wgrad_rows_per_chunk(p), chunks = tsp_wgrad_chunks(p);
+  const size_t smem = wgrad_smem_bytes<CFG>();
+  static uint64_t smem_raised = 0; /* per instantiation: devices whose limit is raised */
+  tsp_status s = tsp_raise_smem_limit((const void *)mma_wgrad_kernel<T, CFG>, smem, &smem_raised,
+                                      "tsp_conv_mma_wgrad");
+  if (s != TSP_OK) return s;
+  const int64_t blocks = chunks * p->volume * ((p->c_in + CFG::BM - 1) / CFG::BM) *
+                         ((p->c_out + CFG::BN - 1) / CFG::BN);
+  if (blocks > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+  mma_wgrad_kernel<T, CFG><<<(unsigned)blocks, CFG::THREADS, smem, stream>>>(
+      (const T *)x, p->n_in, (const T *)dy, p->n_out, nbmap, (int)p->volume, (int)p->c_in,
+      (int)p->c_out, rows, chunks > 1 ? partials : NULL, (T *)dw);
+  s = tsp_cuda_check_launch("tsp_conv_mma_wgrad");
+  if (s != TSP_OK || chunks == 1) return s;
+  return tsp_conv_reduce_partials(p->dtype, partials, chunks, p->volume * p->c_in * p->c_out, dw,
+                                  stream);
+}
+
+template <typename T>
+static tsp_status dispatch_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
+                                     const int32_t *nbmap, void *dw, float *partials,
+                                     cudaStream_t stream) {
+  if (p->c_in <= 32 && p->c_out <= 32)
+    return launch_mma_wgrad<T, wgrad_cfg<32, 32, 16, 16> >(p, x, dy, nbmap, dw, partials, stream);
+  return launch_mma_wgrad<T, wgrad_cfg<64, 64, 32, 32> >(p, x, dy, nbmap, dw, partials, stream);
+}
+
+tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
+                              const int32_t *nbmap, void *dw, float *partials,
+                              cudaStream_t stream) {
+  if (p->c_in % 8 != 0 || p->c_out % 8 != 0 || p->c_in <= 0 || p->c_out <= 0 ||
+      p->c_in > 0x7fffffff || p->c_out > 0x7fffffff || p->n_out >= 0x7fffffffLL)
+    return TSP_ERR_UNSUPPORTED;
+  if (((uintptr_t)x | (uintptr_t)dy) % 16 != 0 || (uintptr_t)dw % 4 != 0 ||
+      (uintptr_t)partials % 8 != 0)
+    return TSP_ERR_UNSUPPORTED;
+  switch (p->dtype) {
+  case TSP_FLOAT16:
+    return dispatch_mma_wgrad<__half>(p, x, dy, nbmap, dw, partials, stream);
+  case TSP_BFLOAT16:
+    return dispatch_mma_wgrad<__nv_bfloat16>(p, x, dy, nbmap, dw, partials, stream);
+  default:
+    return TSP_ERR_UNSUPPORTED;
+  }
+}

@@ -1,0 +1,36 @@
+/*
+** ops.cpp: the one TORCH_LIBRARY(torchsp, m) block: every op's schema, and the
+** module init that lets `import torchsp._C` load this library (registration
+** happens in static initialisers when the shared object is loaded).
+**
+** Ops are functional: they allocate and return their outputs, so fake kernels
+** (torchsp/_fake.py), autograd (torchsp/_autograd.py), torch.compile, export
+** and TorchScript all see plain schemas.  docs/internals.md explains each.
+*/
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(torchsp, m) {
+  const std::vector<at::Tag> tags = {at::Tag::pt2_compliant_tag};
+  m.def(
+      "out_coords(Tensor coords, int[] kernel, int[] dilation, int[] padding, int[] step, "
+      "int sign, int[] lattice, bool floor_rule) -> Tensor",
+      tags);
+  m.def(
+      "kernel_map(Tensor in_coords, Tensor out_coords, int[] kernel, int[] dilation, "
+      "int[] padding, int[] step, int sign, int method) -> Tensor",
+      tags);
+  m.def("kernel_map_transpose(Tensor nbmap, Tensor in_coords) -> Tensor", tags);
+  m.def(
+      "conv_fwd(Tensor x, Tensor weight, Tensor nbmap, Tensor nbmap_t, int[] fwd_algo, "
+      "int[] dgrad_algo, int[] wgrad_algo) -> Tensor",
+      tags);
+  m.def("conv_dgrad(Tensor dy, Tensor weight, Tensor nbmap_t, int[] algo) -> Tensor", tags);
+  m.def("conv_wgrad(Tensor x, Tensor dy, Tensor nbmap, int[] algo) -> Tensor", tags);
+}
+
+/* A Python module with no functions: importing it loads the library. */
+extern "C" PyObject *PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}

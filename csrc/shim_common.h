@@ -1,0 +1,195 @@
+/*
+** shim_common.h: argument checks and tensor-to-struct conversions shared by
+** the CPU and CUDA shims.  Every check names the op, the argument and the
+** value, so a user who passes a float coordinate tensor or a weight of the
+** wrong shape reads what to fix instead of a crash in a kernel.
+*/
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+#include <vector>
+
+#include "torchsp.h"
+
+namespace torchsp {
+
+/* A 3-vector argument (kernel, dilation, padding, step, lattice). */
+inline void fill3(int32_t out[3], c10::IntArrayRef v, const char *op, const char *arg,
+                  int64_t min_value) {
+  TORCH_CHECK(v.size() == 3, op, ": ", arg, " must have 3 entries (x, y, z), got ", v);
+  for (int a = 0; a < 3; ++a) {
+    TORCH_CHECK(v[a] >= min_value && v[a] <= (1 << 20), op, ": ", arg, " entries must be in [",
+                min_value, ", 2^20], got ", v);
+    out[a] = static_cast<int32_t>(v[a]);
+  }
+}
+
+inline tsp_kernel make_kernel(const char *op, c10::IntArrayRef kernel, c10::IntArrayRef dilation,
+                              c10::IntArrayRef padding, c10::IntArrayRef step, int64_t sign) {
+  tsp_kernel k;
+  fill3(k.kernel, kernel, op, "kernel", 1);
+  fill3(k.dilation, dilation, op, "dilation", 1);
+  fill3(k.padding, padding, op, "padding", 0);
+  fill3(k.step, step, op, "step", 1);
+  TORCH_CHECK(sign == 1 || sign == -1, op, ": sign must be +1 or -1, got ", sign);
+  k.sign = static_cast<int32_t>(sign);
+  TORCH_CHECK(tsp_kernel_volume(&k) <= 4096, op, ": kernel volume must be at most 4096, got ",
+              tsp_kernel_volume(&k));
+  return k;
+}
+
+inline void check_coords(const at::Tensor &c, const char *op, const char *arg) {
+  TORCH_CHECK(c.dim() == 2 && c.size(1) == 4, op, ": ", arg,
+              " must be [N, 4] (batch, x, y, z), got shape ", c.sizes());
+  TORCH_CHECK(c.scalar_type() == at::kInt, op, ": ", arg, " must be int32, got ",
+              c.scalar_type());
+  TORCH_CHECK(c.size(0) < (int64_t(1) << 31) - 1, op, ": ", arg,
+              " has more rows than int32 indices can address: ", c.size(0));
+}
+
+inline void check_map(const at::Tensor &m, const char *op, const char *arg) {
+  TORCH_CHECK(m.dim() == 2, op, ": ", arg, " must be [N, V], got shape ", m.sizes());
+  TORCH_CHECK(m.scalar_type() == at::kInt, op, ": ", arg, " must be int32, got ",
+              m.scalar_type());
+}
+
+inline void check_same_device(const at::Tensor &a, const char *an, const at::Tensor &b,
+                              const char *bn, const char *op) {
+  TORCH_CHECK(a.device() == b.device(), op, ": ", an, " is on ", a.device(), " but ", bn,
+              " is on ", b.device());
+}
+
+inline tsp_algo make_algo(c10::IntArrayRef v, const char *op, const char *arg) {
+  TORCH_CHECK(v.size() == 4, op, ": ", arg,
+              " must be [dataflow, tile, split, threshold], got ", v);
+  TORCH_CHECK(v[0] >= 0 && v[0] <= 2, op, ": ", arg, "[0] (dataflow) must be 0, 1 or 2, got ",
+              v[0]);
+  tsp_algo a;
+  a.dataflow = static_cast<int32_t>(v[0]);
+  a.tile = static_cast<int32_t>(v[1]);
+  a.split = static_cast<int32_t>(v[2]);
+  a.threshold = static_cast<int32_t>(v[3]);
+  return a;
+}
+
+/* Checks shared by the three conv passes; fills the sizes of `prob`.
+** x: [n_in, c_in] (or dx's shape), w: [V, c_in, c_out], map: [rows, V]. */
+inline void check_features(const at::Tensor &f, const char *op, const char *arg) {
+  TORCH_CHECK(f.dim() == 2, op, ": ", arg, " must be [N, C], got shape ", f.sizes());
+  TORCH_CHECK(at::isFloatingType(f.scalar_type()), op, ": ", arg,
+              " must be a floating-point tensor, got ", f.scalar_type());
+}
+
+inline void check_weight(const at::Tensor &w, const at::Tensor &f, const char *fname,
+                         const char *op) {
+  TORCH_CHECK(w.dim() == 3, op, ": weight must be [V, Cin, Cout], got shape ", w.sizes());
+  TORCH_CHECK(w.scalar_type() == f.scalar_type(), op, ": weight dtype ", w.scalar_type(),
+              " does not match ", fname, " dtype ", f.scalar_type());
+  check_same_device(w, "weight", f, fname, op);
+}
+
+inline tsp_dtype to_tsp_dtype(at::ScalarType t, const char *op) {
+  switch (t) {
+    case at::kFloat: return TSP_FLOAT32;
+    case at::kDouble: return TSP_FLOAT64;
+    case at::kHalf: return TSP_FLOAT16;
+    case at::kBFloat16: return TSP_BFLOAT16;
+    default: TORCH_CHECK(false, op, ": unsupported feature dtype ", t);
+  }
+  return TSP_FLOAT32;
+}
+
+/* Forward: x [n_in, c_in], weight [V, c_in, c_out], nbmap [n_out, V], nbmap_t [n_in, V]. */
+inline tsp_conv_problem fwd_problem(const at::Tensor &x, const at::Tensor &w, const at::Tensor &nbmap,
+                                    const at::Tensor &nbmap_t, c10::IntArrayRef algo,
+                                    const char *op) {
+  check_features(x, op, "x");
+  check_weight(w, x, "x", op);
+  check_map(nbmap, op, "nbmap");
+  check_map(nbmap_t, op, "nbmap_t");
+  check_same_device(nbmap, "nbmap", x, "x", op);
+  check_same_device(nbmap_t, "nbmap_t", x, "x", op);
+  TORCH_CHECK(w.size(1) == x.size(1), op, ": x has ", x.size(1),
+              " channels but weight expects ", w.size(1), " input channels");
+  TORCH_CHECK(nbmap.size(1) == w.size(0), op, ": nbmap has ", nbmap.size(1),
+              " offsets but weight has ", w.size(0));
+  TORCH_CHECK(nbmap_t.size(1) == w.size(0), op, ": nbmap_t has ", nbmap_t.size(1),
+              " offsets but weight has ", w.size(0));
+  TORCH_CHECK(nbmap_t.size(0) == x.size(0), op, ": nbmap_t has ", nbmap_t.size(0),
+              " rows but x has ", x.size(0));
+  tsp_conv_problem p;
+  p.n_in = x.size(0);
+  p.n_out = nbmap.size(0);
+  p.c_in = w.size(1);
+  p.c_out = w.size(2);
+  p.volume = w.size(0);
+  p.dtype = to_tsp_dtype(x.scalar_type(), op);
+  p.algo = make_algo(algo, op, "fwd_algo");
+  return p;
+}
+
+/* dgrad: dy [n_out, c_out], weight [V, c_in, c_out], nbmap_t [n_in, V] -> dx [n_in, c_in]. */
+inline tsp_conv_problem dgrad_problem(const at::Tensor &dy, const at::Tensor &w,
+                                      const at::Tensor &nbmap_t, c10::IntArrayRef algo,
+                                      const char *op) {
+  check_features(dy, op, "dy");
+  check_weight(w, dy, "dy", op);
+  check_map(nbmap_t, op, "nbmap_t");
+  check_same_device(nbmap_t, "nbmap_t", dy, "dy", op);
+  TORCH_CHECK(w.size(2) == dy.size(1), op, ": dy has ", dy.size(1),
+              " channels but weight has ", w.size(2), " output channels");
+  TORCH_CHECK(nbmap_t.size(1) == w.size(0), op, ": nbmap_t has ", nbmap_t.size(1),
+              " offsets but weight has ", w.size(0));
+  tsp_conv_problem p;
+  p.n_in = nbmap_t.size(0);
+  p.n_out = dy.size(0);
+  p.c_in = w.size(1);
+  p.c_out = w.size(2);
+  p.volume = w.size(0);
+  p.dtype = to_tsp_dtype(dy.scalar_type(), op);
+  p.algo = make_algo(algo, op, "algo");
+  return p;
+}
+
+/* wgrad: x [n_in, c_in], dy [n_out, c_out], nbmap [n_out, V] -> dw [V, c_in, c_out]. */
+inline tsp_conv_problem wgrad_problem(const at::Tensor &x, const at::Tensor &dy,
+                                      const at::Tensor &nbmap, c10::IntArrayRef algo,
+                                      const char *op) {
+  check_features(x, op, "x");
+  check_features(dy, op, "dy");
+  TORCH_CHECK(x.scalar_type() == dy.scalar_type(), op, ": x dtype ", x.scalar_type(),
+              " does not match dy dtype ", dy.scalar_type());
+  check_same_device(dy, "dy", x, "x", op);
+  check_map(nbmap, op, "nbmap");
+  check_same_device(nbmap, "nbmap", x, "x", op);
+  TORCH_CHECK(nbmap.size(0) == dy.size(0), op, ": nbmap has ", nbmap.size(0),
+              " rows but dy has ", dy.size(0));
+  tsp_conv_problem p;
+  p.n_in = x.size(0);
+  p.n_out = dy.size(0);
+  p.c_in = x.size(1);
+  p.c_out = dy.size(1);
+  p.volume = nbmap.size(1);
+  p.dtype = to_tsp_dtype(x.scalar_type(), op);
+  p.algo = make_algo(algo, op, "algo");
+  return p;
+}
+
+inline const char *status_text(tsp_status s) {
+  switch (s) {
+    case TSP_OK: return "ok";
+    case TSP_ERR_RANGE:
+      return "a coordinate is outside the packable range (batch in [0, 511], x, y, z in "
+             "[-131072, 131071])";
+    case TSP_ERR_ARGUMENT: return "an index or parameter is out of range";
+    case TSP_ERR_ALLOC: return "out of host memory";
+    case TSP_ERR_CUDA: return "CUDA error";
+    case TSP_ERR_UNSUPPORTED: return "dtype or dataflow not supported on this device";
+  }
+  return "unknown status";
+}
+
+}  // namespace torchsp

@@ -1,0 +1,167 @@
+/*
+** shim_cpu.cpp: TORCH_LIBRARY_IMPL(torchsp, CPU): checks arguments, makes
+** inputs contiguous, allocates outputs and calls the C11 kernels of csrc/cpu.
+**
+** float16 and bfloat16 features are computed in float32 and cast back: the C
+** kernels stay plain C (no half type in C11) and the CPU path is for
+** correctness, gradcheck and CI, not speed.
+*/
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "shim_common.h"
+#include "torchsp.h"
+
+namespace torchsp {
+namespace {
+
+void check_status(tsp_status s, const char *op) {
+  TORCH_CHECK(s == TSP_OK, op, ": ", status_text(s));
+}
+
+at::Tensor out_coords_cpu(const at::Tensor &coords_in, c10::IntArrayRef kernel,
+                          c10::IntArrayRef dilation, c10::IntArrayRef padding,
+                          c10::IntArrayRef step, int64_t sign, c10::IntArrayRef lattice,
+                          bool floor_rule) {
+  const char *op = "torchsp.out_coords";
+  check_coords(coords_in, op, "coords");
+  tsp_out_coords_params p;
+  p.kernel = make_kernel(op, kernel, dilation, padding, step, sign);
+  fill3(p.lattice, lattice, op, "lattice", 1);
+  p.floor_rule = floor_rule ? 1 : 0;
+  at::Tensor coords = coords_in.contiguous();
+  const int64_t n = coords.size(0);
+  const int64_t cap = floor_rule ? n : n * tsp_kernel_volume(&p.kernel);
+  if (n == 0) return at::empty({0, 4}, coords.options());
+  at::Tensor keys = at::empty({cap}, coords.options().dtype(at::kLong));
+  int64_t n_out = 0;
+  check_status(tsp_out_coords_cpu(&p, coords.data_ptr<int32_t>(), n, keys.data_ptr<int64_t>(),
+                                  &n_out),
+               op);
+  at::Tensor out = at::empty({n_out, 4}, coords.options());
+  tsp_unpack_keys_cpu(keys.data_ptr<int64_t>(), n_out, out.data_ptr<int32_t>());
+  return out;
+}
+
+at::Tensor kernel_map_cpu(const at::Tensor &in_coords_, const at::Tensor &out_coords_,
+                          c10::IntArrayRef kernel, c10::IntArrayRef dilation,
+                          c10::IntArrayRef padding, c10::IntArrayRef step, int64_t sign,
+                          int64_t method) {
+  const char *op = "torchsp.kernel_map";
+  check_coords(in_coords_, op, "in_coords");
+  check_coords(out_coords_, op, "out_coords");
+  check_same_device(in_coords_, "in_coords", out_coords_, "out_coords", op);
+  TORCH_CHECK(method == TSP_KMAP_ZDELTA || method == TSP_KMAP_HASH, op,
+              ": method must be 0 (z-delta) or 1 (hash), got ", method);
+  tsp_kernel k = make_kernel(op, kernel, dilation, padding, step, sign);
+  at::Tensor in_coords = in_coords_.contiguous(), out_coords = out_coords_.contiguous();
+  const int64_t v = tsp_kernel_volume(&k);
+  at::Tensor nbmap = at::empty({out_coords.size(0), v}, in_coords.options());
+  if (out_coords.size(0) == 0) return nbmap;
+  if (in_coords.size(0) == 0) return nbmap.fill_(-1);
+  check_status(tsp_kernel_map_cpu(&k, static_cast<tsp_kmap_method>(method),
+                                  in_coords.data_ptr<int32_t>(), in_coords.size(0),
+                                  out_coords.data_ptr<int32_t>(), out_coords.size(0),
+                                  nbmap.data_ptr<int32_t>()),
+               op);
+  return nbmap;
+}
+
+at::Tensor kernel_map_transpose_cpu(const at::Tensor &nbmap_, const at::Tensor &in_coords) {
+  const char *op = "torchsp.kernel_map_transpose";
+  check_map(nbmap_, op, "nbmap");
+  check_same_device(nbmap_, "nbmap", in_coords, "in_coords", op);
+  at::Tensor nbmap = nbmap_.contiguous();
+  const int64_t n_in = in_coords.size(0), v = nbmap.size(1);
+  at::Tensor out = at::empty({n_in, v}, nbmap.options());
+  if (n_in == 0) return out;
+  if (nbmap.size(0) == 0 || v == 0) return out.fill_(-1);
+  check_status(tsp_kernel_map_transpose_cpu(nbmap.data_ptr<int32_t>(), nbmap.size(0), v, n_in,
+                                            out.data_ptr<int32_t>()),
+               op);
+  return out;
+}
+
+/* The C kernels take float32 or float64; half types go through float32. */
+at::ScalarType compute_type(at::ScalarType t) {
+  return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
+}
+
+at::Tensor conv_fwd_cpu(const at::Tensor &x_, const at::Tensor &w_, const at::Tensor &nbmap_,
+                        const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
+                        c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo) {
+  const char *op = "torchsp.conv_fwd";
+  tsp_conv_problem p = fwd_problem(x_, w_, nbmap_, nbmap_t, fwd_algo, op);
+  make_algo(dgrad_algo, op, "dgrad_algo");
+  make_algo(wgrad_algo, op, "wgrad_algo");
+  const at::ScalarType ct = compute_type(x_.scalar_type());
+  at::Tensor x = x_.to(ct).contiguous(), w = w_.to(ct).contiguous();
+  at::Tensor nbmap = nbmap_.contiguous();
+  p.dtype = to_tsp_dtype(ct, op);
+  at::Tensor y = at::empty({p.n_out, p.c_out}, x.options());
+  if (p.n_out > 0 && p.c_out > 0) {
+    if (p.n_in == 0 || p.c_in == 0 || p.volume == 0) {
+      y.zero_();
+    } else {
+      check_status(tsp_conv_fwd_cpu(&p, x.data_ptr(), w.data_ptr(), nbmap.data_ptr<int32_t>(),
+                                    y.data_ptr()),
+                   op);
+    }
+  }
+  return y.to(x_.scalar_type());
+}
+
+at::Tensor conv_dgrad_cpu(const at::Tensor &dy_, const at::Tensor &w_,
+                          const at::Tensor &nbmap_t_, c10::IntArrayRef algo) {
+  const char *op = "torchsp.conv_dgrad";
+  tsp_conv_problem p = dgrad_problem(dy_, w_, nbmap_t_, algo, op);
+  const at::ScalarType ct = compute_type(dy_.scalar_type());
+  at::Tensor dy = dy_.to(ct).contiguous(), w = w_.to(ct).contiguous();
+  at::Tensor nbmap_t = nbmap_t_.contiguous();
+  p.dtype = to_tsp_dtype(ct, op);
+  at::Tensor dx = at::empty({p.n_in, p.c_in}, dy.options());
+  if (p.n_in > 0 && p.c_in > 0) {
+    if (p.n_out == 0 || p.c_out == 0 || p.volume == 0) {
+      dx.zero_();
+    } else {
+      check_status(tsp_conv_dgrad_cpu(&p, dy.data_ptr(), w.data_ptr(),
+                                      nbmap_t.data_ptr<int32_t>(), dx.data_ptr()),
+                   op);
+    }
+  }
+  return dx.to(dy_.scalar_type());
+}
+
+at::Tensor conv_wgrad_cpu(const at::Tensor &x_, const at::Tensor &dy_, const at::Tensor &nbmap_,
+                          c10::IntArrayRef algo) {
+  const char *op = "torchsp.conv_wgrad";
+  tsp_conv_problem p = wgrad_problem(x_, dy_, nbmap_, algo, op);
+  const at::ScalarType ct = compute_type(x_.scalar_type());
+  at::Tensor x = x_.to(ct).contiguous(), dy = dy_.to(ct).contiguous();
+  at::Tensor nbmap = nbmap_.contiguous();
+  p.dtype = to_tsp_dtype(ct, op);
+  at::Tensor dw = at::empty({p.volume, p.c_in, p.c_out}, x.options());
+  if (dw.numel() > 0) {
+    if (p.n_out == 0 || p.n_in == 0) {
+      dw.zero_();
+    } else {
+      check_status(tsp_conv_wgrad_cpu(&p, x.data_ptr(), dy.data_ptr(), nbmap.data_ptr<int32_t>(),
+                                      dw.data_ptr()),
+                   op);
+    }
+  }
+  return dw.to(x_.scalar_type());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchsp, CPU, m) {
+  m.impl("out_coords", &out_coords_cpu);
+  m.impl("kernel_map", &kernel_map_cpu);
+  m.impl("kernel_map_transpose", &kernel_map_transpose_cpu);
+  m.impl("conv_fwd", &conv_fwd_cpu);
+  m.impl("conv_dgrad", &conv_dgrad_cpu);
+  m.impl("conv_wgrad", &conv_wgrad_cpu);
+}
+
+}  // namespace torchsp

@@ -1,0 +1,185 @@
+/*
+** shim_cuda.cpp: TORCH_LIBRARY_IMPL(torchsp, CUDA): the same checks as the CPU
+** shim, a device guard, workspace from PyTorch's caching allocator, and launch
+** on the current stream.  Only out_coords synchronises (its output size is
+** data-dependent and must be known to allocate); map building and the three
+** convolution passes never do, so a layer's launches can be captured in a
+** CUDA graph.
+*/
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "shim_common.h"
+#include "torchsp.h"
+
+namespace torchsp {
+namespace {
+
+void check_status(tsp_status s, const char *op) {
+  if (s == TSP_ERR_CUDA) TORCH_CHECK(false, op, ": CUDA error: ", tsp_cuda_last_error());
+  TORCH_CHECK(s == TSP_OK, op, ": ", status_text(s));
+}
+
+tsp_cuda_stream current_stream() {
+  return reinterpret_cast<tsp_cuda_stream>(c10::cuda::getCurrentCUDAStream().stream());
+}
+
+at::Tensor workspace(size_t bytes, const at::Tensor &like) {
+  return at::empty({static_cast<int64_t>(bytes > 0 ? bytes : 1)}, like.options().dtype(at::kByte));
+}
+
+at::Tensor out_coords_cuda(const at::Tensor &coords_in, c10::IntArrayRef kernel,
+                           c10::IntArrayRef dilation, c10::IntArrayRef padding,
+                           c10::IntArrayRef step, int64_t sign, c10::IntArrayRef lattice,
+                           bool floor_rule) {
+  const char *op = "torchsp.out_coords";
+  check_coords(coords_in, op, "coords");
+  c10::cuda::CUDAGuard guard(coords_in.device());
+  tsp_out_coords_params p;
+  p.kernel = make_kernel(op, kernel, dilation, padding, step, sign);
+  fill3(p.lattice, lattice, op, "lattice", 1);
+  p.floor_rule = floor_rule ? 1 : 0;
+  at::Tensor coords = coords_in.contiguous();
+  const int64_t n = coords.size(0);
+  if (n == 0) return at::empty({0, 4}, coords.options());
+  const int64_t cap = floor_rule ? n : n * tsp_kernel_volume(&p.kernel);
+  at::Tensor keys = at::empty({cap}, coords.options().dtype(at::kLong));
+  /* [count, status]: one small tensor so one copy brings both back. */
+  at::Tensor result = at::zeros({2}, coords.options().dtype(at::kLong));
+  int64_t *res = result.data_ptr<int64_t>();
+  at::Tensor ws = workspace(tsp_out_coords_cuda_workspace(&p, n), coords);
+  check_status(tsp_out_coords_cuda(&p, coords.data_ptr<int32_t>(), n, keys.data_ptr<int64_t>(),
+                                   res, reinterpret_cast<int32_t *>(res + 1), ws.data_ptr(),
+                                   static_cast<size_t>(ws.numel()), current_stream()),
+               op);
+  at::Tensor host = result.cpu();
+  const int64_t n_out = host[0].item<int64_t>();
+  check_status(static_cast<tsp_status>(host[1].item<int64_t>()), op);
+  at::Tensor out = at::empty({n_out, 4}, coords.options());
+  if (n_out > 0)
+    check_status(tsp_unpack_keys_cuda(keys.data_ptr<int64_t>(), n_out, out.data_ptr<int32_t>(),
+                                      current_stream()),
+                 op);
+  return out;
+}
+
+at::Tensor kernel_map_cuda(const at::Tensor &in_coords_, const at::Tensor &out_coords_,
+                           c10::IntArrayRef kernel, c10::IntArrayRef dilation,
+                           c10::IntArrayRef padding, c10::IntArrayRef step, int64_t sign,
+                           int64_t method) {
+  const char *op = "torchsp.kernel_map";
+  check_coords(in_coords_, op, "in_coords");
+  check_coords(out_coords_, op, "out_coords");
+  check_same_device(in_coords_, "in_coords", out_coords_, "out_coords", op);
+  TORCH_CHECK(method == TSP_KMAP_ZDELTA || method == TSP_KMAP_HASH, op,
+              ": method must be 0 (z-delta) or 1 (hash), got ", method);
+  c10::cuda::CUDAGuard guard(in_coords_.device());
+  tsp_kernel k = make_kernel(op, kernel, dilation, padding, step, sign);
+  at::Tensor in_coords = in_coords_.contiguous(), out_coords = out_coords_.contiguous();
+  const int64_t v = tsp_kernel_volume(&k), n_in = in_coords.size(0), n_out = out_coords.size(0);
+  at::Tensor nbmap = at::empty({n_out, v}, in_coords.options());
+  if (n_out == 0) return nbmap;
+  if (n_in == 0) return nbmap.fill_(-1);
+  const tsp_kmap_method m = static_cast<tsp_kmap_method>(method);
+  at::Tensor ws = workspace(tsp_kernel_map_cuda_workspace(&k, m, n_in, n_out), in_coords);
+  check_status(tsp_kernel_map_cuda(&k, m, in_coords.data_ptr<int32_t>(), n_in,
+                                   out_coords.data_ptr<int32_t>(), n_out,
+                                   nbmap.data_ptr<int32_t>(), ws.data_ptr(),
+                                   static_cast<size_t>(ws.numel()), current_stream()),
+               op);
+  return nbmap;
+}
+
+at::Tensor kernel_map_transpose_cuda(const at::Tensor &nbmap_, const at::Tensor &in_coords) {
+  const char *op = "torchsp.kernel_map_transpose";
+  check_map(nbmap_, op, "nbmap");
+  check_same_device(nbmap_, "nbmap", in_coords, "in_coords", op);
+  c10::cuda::CUDAGuard guard(nbmap_.device());
+  at::Tensor nbmap = nbmap_.contiguous();
+  const int64_t n_in = in_coords.size(0), v = nbmap.size(1);
+  at::Tensor out = at::empty({n_in, v}, nbmap.options());
+  if (n_in == 0) return out;
+  if (nbmap.size(0) == 0 || v == 0) return out.fill_(-1);
+  check_status(tsp_kernel_map_transpose_cuda(nbmap.data_ptr<int32_t>(), nbmap.size(0), v, n_in,
+                                             out.data_ptr<int32_t>(), current_stream()),
+               op);
+  return out;
+}
+
+void check_cuda_dtype(const at::Tensor &t, const char *op, const char *arg) {
+  TORCH_CHECK(t.scalar_type() != at::kDouble, op, ": ", arg,
+              " is float64, which the CUDA kernels do not support; use float32, float16 or "
+              "bfloat16 on the GPU (float64 works on the CPU)");
+}
+
+at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::Tensor &nbmap_,
+                         const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
+                         c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo) {
+  const char *op = "torchsp.conv_fwd";
+  tsp_conv_problem p = fwd_problem(x_, w_, nbmap_, nbmap_t, fwd_algo, op);
+  make_algo(dgrad_algo, op, "dgrad_algo");
+  make_algo(wgrad_algo, op, "wgrad_algo");
+  check_cuda_dtype(x_, op, "x");
+  c10::cuda::CUDAGuard guard(x_.device());
+  at::Tensor x = x_.contiguous(), w = w_.contiguous(), nbmap = nbmap_.contiguous();
+  at::Tensor y = at::empty({p.n_out, p.c_out}, x.options());
+  if (p.n_out == 0 || p.c_out == 0) return y;
+  if (p.n_in == 0 || p.c_in == 0 || p.volume == 0) return y.zero_();
+  at::Tensor ws = workspace(tsp_conv_cuda_workspace(&p), x);
+  check_status(tsp_conv_fwd_cuda(&p, x.data_ptr(), w.data_ptr(), nbmap.data_ptr<int32_t>(),
+                                 y.data_ptr(), ws.data_ptr(), static_cast<size_t>(ws.numel()),
+                                 current_stream()),
+               op);
+  return y;
+}
+
+at::Tensor conv_dgrad_cuda(const at::Tensor &dy_, const at::Tensor &w_,
+                           const at::Tensor &nbmap_t_, c10::IntArrayRef algo) {
+  const char *op = "torchsp.conv_dgrad";
+  tsp_conv_problem p = dgrad_problem(dy_, w_, nbmap_t_, algo, op);
+  check_cuda_dtype(dy_, op, "dy");
+  c10::cuda::CUDAGuard guard(dy_.device());
+  at::Tensor dy = dy_.contiguous(), w = w_.contiguous(), nbmap_t = nbmap_t_.contiguous();
+  at::Tensor dx = at::empty({p.n_in, p.c_in}, dy.options());
+  if (p.n_in == 0 || p.c_in == 0) return dx;
+  if (p.n_out == 0 || p.c_out == 0 || p.volume == 0) return dx.zero_();
+  at::Tensor ws = workspace(tsp_conv_cuda_workspace(&p), dy);
+  check_status(tsp_conv_dgrad_cuda(&p, dy.data_ptr(), w.data_ptr(), nbmap_t.data_ptr<int32_t>(),
+                                   dx.data_ptr(), ws.data_ptr(), static_cast<size_t>(ws.numel()),
+                                   current_stream()),
+               op);
+  return dx;
+}
+
+at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at::Tensor &nbmap_,
+                           c10::IntArrayRef algo) {
+  const char *op = "torchsp.conv_wgrad";
+  tsp_conv_problem p = wgrad_problem(x_, dy_, nbmap_, algo, op);
+  check_cuda_dtype(x_, op, "x");
+  c10::cuda::CUDAGuard guard(x_.device());
+  at::Tensor x = x_.contiguous(), dy = dy_.contiguous(), nbmap = nbmap_.contiguous();
+  at::Tensor dw = at::empty({p.volume, p.c_in, p.c_out}, x.options());
+  if (dw.numel() == 0) return dw;
+  if (p.n_out == 0 || p.n_in == 0) return dw.zero_();
+  at::Tensor ws = workspace(tsp_conv_cuda_workspace(&p), x);
+  check_status(tsp_conv_wgrad_cuda(&p, x.data_ptr(), dy.data_ptr(), nbmap.data_ptr<int32_t>(),
+                                   dw.data_ptr(), ws.data_ptr(), static_cast<size_t>(ws.numel()),
+                                   current_stream()),
+               op);
+  return dw;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchsp, CUDA, m) {
+  m.impl("out_coords", &out_coords_cuda);
+  m.impl("kernel_map", &kernel_map_cuda);
+  m.impl("kernel_map_transpose", &kernel_map_transpose_cuda);
+  m.impl("conv_fwd", &conv_fwd_cuda);
+  m.impl("conv_dgrad", &conv_dgrad_cuda);
+  m.impl("conv_wgrad", &conv_wgrad_cuda);
+}
+
+}  // namespace torchsp

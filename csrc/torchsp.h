@@ -1,0 +1,201 @@
+/*
+** torchsp.h: the C interface between the PyTorch shim (csrc/shim_cpu.cpp, csrc/shim_cuda.cpp) and the
+** kernels (C11 files in csrc/cpu, CUDA C files in csrc/cuda).
+**
+** Kernels see raw pointers, sizes and (CUDA) a stream; no ATen type crosses this
+** line, so every .cu file compile-checks with plain `nvcc -c` and every .c file
+** builds as C11.  Conventions are those of DESIGN.md:
+**   - coordinates are int32 [N, 4] rows (batch, x, y, z) at full resolution;
+**   - kernel offset k = (ix * Ky + iy) * Kz + iz, z fastest;
+**     delta_k = sign * (i * dilation - padding) * step on each axis;
+**   - weight is [V, Cin, Cout], row-major, V = Kx * Ky * Kz;
+**   - a kernel map `nbmap` is int32 [N_out, V]: nbmap[q, k] is the input row at
+**     out_coords[q] + delta_k, or -1.  Its transpose `nbmap_t` is [N_in, V]:
+**     nbmap_t[p, k] = q where nbmap[q, k] = p, or -1 (unique: q -> q + delta_k
+**     is injective for a fixed k).
+** All row indices are int32 (N < 2^31); products N * V and N * C are int64.
+*/
+#ifndef TORCHSP_H
+#define TORCHSP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tsp_key.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  TSP_OK = 0,
+  TSP_ERR_RANGE = 1,     /* a coordinate, given or derived, cannot be packed into a key */
+  TSP_ERR_ARGUMENT = 2,  /* a size, index or parameter the kernel cannot take */
+  TSP_ERR_ALLOC = 3,     /* host allocation failed (CPU kernels) */
+  TSP_ERR_CUDA = 4,      /* a CUDA call or launch failed; see tsp_cuda_last_error() */
+  TSP_ERR_UNSUPPORTED = 5 /* dtype or dataflow not built for this backend */
+} tsp_status;
+
+typedef enum {
+  TSP_FLOAT32 = 0,
+  TSP_FLOAT64 = 1,  /* CPU only (gradcheck) */
+  TSP_FLOAT16 = 2,  /* CUDA; the CPU shim upcasts to float32 */
+  TSP_BFLOAT16 = 3  /* CUDA; the CPU shim upcasts to float32 */
+} tsp_dtype;
+
+/* cudaStream_t without the CUDA headers (same underlying type). */
+typedef struct CUstream_st *tsp_cuda_stream;
+
+/* One kernel's V offsets.  delta_k[a] = sign * (i_a * dilation[a] - padding[a]) * step[a]. */
+typedef struct {
+  int32_t kernel[3];   /* Kx, Ky, Kz, each >= 1 */
+  int32_t dilation[3]; /* >= 1 */
+  int32_t padding[3];  /* >= 0, in units of step */
+  int32_t step[3];     /* the tensor stride offsets are measured in, >= 1 */
+  int32_t sign;        /* +1: q reads q + delta (conv); -1: q reads q - delta (transposed conv) */
+} tsp_kernel;
+
+static inline TSP_HD int64_t tsp_kernel_volume(const tsp_kernel *kern) {
+  return (int64_t)kern->kernel[0] * kern->kernel[1] * kern->kernel[2];
+}
+
+/* delta_k of offset k, per axis. */
+static inline TSP_HD void tsp_kernel_offset(const tsp_kernel *kern, int64_t k, int32_t delta[3]) {
+  int32_t iz = (int32_t)(k % kern->kernel[2]);
+  int32_t iy = (int32_t)((k / kern->kernel[2]) % kern->kernel[1]);
+  int32_t ix = (int32_t)(k / ((int64_t)kern->kernel[2] * kern->kernel[1]));
+  delta[0] = kern->sign * (ix * kern->dilation[0] - kern->padding[0]) * kern->step[0];
+  delta[1] = kern->sign * (iy * kern->dilation[1] - kern->padding[1]) * kern->step[1];
+  delta[2] = kern->sign * (iz * kern->dilation[2] - kern->padding[2]) * kern->step[2];
+}
+
+/* Output coordinates of strided, generative and transposed-generative convs
+** (DESIGN.md section 3).  Candidates are q = p - delta_k for every input p and
+** offset k, kept when q is a multiple of `lattice` on every axis (floor mod,
+** so negative coordinates work).  With floor_rule, the single candidate
+** floor(p / lattice) * lattice per input is used instead (MinkowskiEngine).
+** Result: the sorted unique keys of the kept candidates. */
+typedef struct {
+  tsp_kernel kernel;
+  int32_t lattice[3]; /* output tensor stride: s * t for strided, t for generative */
+  int32_t floor_rule; /* 0: active-site rule; 1: floor rule */
+} tsp_out_coords_params;
+
+/* How kernel maps are searched. */
+typedef enum {
+  TSP_KMAP_ZDELTA = 0, /* Spira: sorted keys, one binary search per (q, dx, dy) column, scan over z */
+  TSP_KMAP_HASH = 1    /* open addressing on packed keys */
+} tsp_kmap_method;
+
+/* Dataflow of one convolution pass (forward, dgrad or wgrad). */
+typedef enum {
+  TSP_DATAFLOW_OUTPUT_STATIONARY = 0, /* per output row, sum over offsets; no atomics */
+  TSP_DATAFLOW_WEIGHT_STATIONARY = 1, /* per offset, gather-GEMM-scatter over its pairs */
+  TSP_DATAFLOW_HYBRID = 2             /* offsets with L1 < threshold output-stationary, rest weight-stationary */
+} tsp_dataflow;
+
+/* A pass's algorithm choice: what the autotuner picks and caches.  The int[]
+** argument of the conv ops is these four numbers in this order. */
+typedef struct {
+  int32_t dataflow;  /* tsp_dataflow */
+  int32_t tile;      /* rows per block (CUDA); 0 = kernel's default */
+  int32_t split;     /* split-K factor (offsets or rows); 0 or 1 = none */
+  int32_t threshold; /* hybrid: L1-norm threshold t in units of the kernel grid */
+} tsp_algo;
+
+/* Sizes of one convolution.  Forward: x [n_in, c_in] -> y [n_out, c_out].
+** dgrad: dy [n_out, c_out] -> dx [n_in, c_in].  wgrad: x, dy -> dw [V, c_in, c_out]. */
+typedef struct {
+  int64_t n_in;    /* rows of x and dx */
+  int64_t n_out;   /* rows of y and dy */
+  int64_t c_in;    /* channels of x */
+  int64_t c_out;   /* channels of y */
+  int64_t volume;  /* V, columns of nbmap and nbmap_t */
+  tsp_dtype dtype; /* of features, weight and gradients (all the same) */
+  tsp_algo algo;
+} tsp_conv_problem;
+
+/* ------------------------------------------------------------------ CPU --- */
+
+/* Pack n coordinates [n, 4] into keys; TSP_ERR_RANGE if any cannot be packed. */
+tsp_status tsp_pack_keys_cpu(const int32_t *coords, int64_t n, int64_t *keys);
+void tsp_unpack_keys_cpu(const int64_t *keys, int64_t n, int32_t *coords);
+
+/* Output coordinates.  keys_out has room for n_in * V keys (n_in with the floor
+** rule); *n_out receives how many sorted unique keys were written. */
+tsp_status tsp_out_coords_cpu(const tsp_out_coords_params *params, const int32_t *in_coords,
+                              int64_t n_in, int64_t *keys_out, int64_t *n_out);
+
+/* Kernel map nbmap [n_out, V] (see the file header). */
+tsp_status tsp_kernel_map_cpu(const tsp_kernel *kern, tsp_kmap_method method,
+                              const int32_t *in_coords, int64_t n_in,
+                              const int32_t *out_coords, int64_t n_out, int32_t *nbmap);
+
+/* nbmap_t [n_in, V] from nbmap [n_out, V].  TSP_ERR_ARGUMENT if an entry is
+** outside [-1, n_in) or two outputs claim one input through the same offset. */
+tsp_status tsp_kernel_map_transpose_cpu(const int32_t *nbmap, int64_t n_out, int64_t volume,
+                                        int64_t n_in, int32_t *nbmap_t);
+
+/* y = sum_k x[nbmap[:, k]] @ w[k].  float32 or float64; y fully written. */
+tsp_status tsp_conv_fwd_cpu(const tsp_conv_problem *prob, const void *x, const void *w,
+                            const int32_t *nbmap, void *y);
+/* dx = sum_k dy[nbmap_t[:, k]] @ w[k]^T; dx fully written. */
+tsp_status tsp_conv_dgrad_cpu(const tsp_conv_problem *prob, const void *dy, const void *w,
+                              const int32_t *nbmap_t, void *dx);
+/* dw[k] = sum_q x[nbmap[q, k]]^T dy[q]; dw fully written. */
+tsp_status tsp_conv_wgrad_cpu(const tsp_conv_problem *prob, const void *x, const void *dy,
+                              const int32_t *nbmap, void *dw);
+
+/* ----------------------------------------------------------------- CUDA --- */
+/* Each CUDA entry point enqueues work on `stream` and does not synchronise.
+** Workspace is device memory of at least the bytes its _workspace function
+** returns, allocated by the shim (PyTorch's caching allocator).  Device-side
+** failures that need reporting (range errors) are written to a device int32
+** `status` the shim reads back only where it must synchronise anyway. */
+
+const char *tsp_cuda_last_error(void);
+
+tsp_status tsp_pack_keys_cuda(const int32_t *coords, int64_t n, int64_t *keys,
+                              int32_t *status, tsp_cuda_stream stream);
+tsp_status tsp_unpack_keys_cuda(const int64_t *keys, int64_t n, int32_t *coords,
+                                tsp_cuda_stream stream);
+
+/* Sorted unique output keys into keys_out (room for n_in * V, or n_in with the
+** floor rule), their count into *n_out_device, TSP_ERR_RANGE into *status. */
+size_t tsp_out_coords_cuda_workspace(const tsp_out_coords_params *params, int64_t n_in);
+tsp_status tsp_out_coords_cuda(const tsp_out_coords_params *params, const int32_t *in_coords,
+                               int64_t n_in, int64_t *keys_out, int64_t *n_out_device,
+                               int32_t *status, void *workspace, size_t workspace_bytes,
+                               tsp_cuda_stream stream);
+
+/* Kernel map nbmap [n_out, V].  Input coordinates are assumed packable (the
+** Python SparseTensor checks); a query outside the range is "not found". */
+size_t tsp_kernel_map_cuda_workspace(const tsp_kernel *kern, tsp_kmap_method method, int64_t n_in,
+                                     int64_t n_out);
+tsp_status tsp_kernel_map_cuda(const tsp_kernel *kern, tsp_kmap_method method,
+                               const int32_t *in_coords, int64_t n_in, const int32_t *out_coords,
+                               int64_t n_out, int32_t *nbmap, void *workspace,
+                               size_t workspace_bytes, tsp_cuda_stream stream);
+
+/* nbmap_t [n_in, V] from nbmap; entries outside [0, n_in) are ignored. */
+tsp_status tsp_kernel_map_transpose_cuda(const int32_t *nbmap, int64_t n_out, int64_t volume,
+                                         int64_t n_in, int32_t *nbmap_t, tsp_cuda_stream stream);
+
+/* Convolution passes on CUDA: float32 (tf32 or fp32 math), float16, bfloat16,
+** fp32 accumulation.  Map entries outside their valid range are treated as -1. */
+size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob);
+tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
+                             const int32_t *nbmap, void *y, void *workspace,
+                             size_t workspace_bytes, tsp_cuda_stream stream);
+tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, const void *w,
+                               const int32_t *nbmap_t, void *dx, void *workspace,
+                               size_t workspace_bytes, tsp_cuda_stream stream);
+tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, const void *dy,
+                               const int32_t *nbmap, void *dw, void *workspace,
+                               size_t workspace_bytes, tsp_cuda_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TORCHSP_H */

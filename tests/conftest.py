@@ -1,0 +1,89 @@
+"""Shared fixtures for the torchsp tests.
+
+- ``device``: "cpu" always, "cuda" when torch.cuda.is_available() (skipped otherwise),
+  so every device-parametrised test runs on the GPU machine and skips cleanly on CPU CI.
+- ``random_coords``: unique random (batch, x, y, z) rows, shuffled (not sorted), centred on 0
+  so negative coordinates are always present.
+- Real scans: ``load_kitti()`` / ``load_lidar()`` read ``<repo>/../shared/data`` (skip if absent;
+  the lidar sweep falls back to the copy bundled as torchsp/data/lidar_198k.npz), ``crop_voxels``
+  voxelises a small box so the dense float64 reference stays fast on 2 CPU cores.
+"""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+BUNDLED_LIDAR = os.path.join(REPO, "torchsp", "data", "lidar_198k.npz")
+
+# Keep the autotuner's on-disk cache out of the user's home during the suite.
+os.environ.setdefault("TORCHSP_CACHE_DIR", tempfile.mkdtemp(prefix="torchsp-test-cache-"))
+
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs CUDA"))]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+def random_coords(n, span=5, batches=2, stride=1, seed=0, shift=(0, 0, 0), batch_ids=None):
+    """Unique int32 [M, 4] coordinates, M <= n: batch in range(batches) (or batch_ids),
+    x, y, z uniform in [-span, span] * stride (+ shift, a multiple of stride), shuffled."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.arange(batches) if batch_ids is None else torch.tensor(batch_ids)
+    b = ids[torch.randint(0, len(ids), (n,), generator=g)]
+    xyz = torch.randint(-span, span + 1, (n, 3), generator=g)
+    st = torch.tensor(stride if isinstance(stride, (tuple, list)) else (stride,) * 3)
+    xyz = xyz * st + torch.tensor(shift)
+    c = torch.unique(torch.cat([b[:, None], xyz], 1), dim=0)
+    perm = torch.randperm(c.shape[0], generator=g)
+    return c[perm].int().contiguous()
+
+
+def randn(*shape, seed=0, dtype=torch.float64, device="cpu", scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype=dtype, device=device)
+
+
+def shared_path(name):
+    return os.path.join(SHARED_DATA, name)
+
+
+def load_kitti():
+    """KITTI frame 000008: float32 [N, 4] x, y, z, reflectance (skips if absent)."""
+    path = shared_path("kitti_000008.bin")
+    if not os.path.exists(path):
+        pytest.skip(f"real scan not found: {path}")
+    return np.fromfile(path, dtype=np.float32).reshape(-1, 4)
+
+
+def load_lidar():
+    """The outdoor LiDAR sweep: float32 [198130, 3] (shared data, else the bundled copy)."""
+    for path in (shared_path("lidar_198k.npz"), BUNDLED_LIDAR):
+        if os.path.exists(path):
+            return np.load(path)["pc"]
+    pytest.skip("lidar_198k.npz not found in ../shared/data nor torchsp/data")
+
+
+def crop_voxels(points, lo, hi, voxel, batch=0):
+    """Unique int32 [M, 4] voxel coordinates (batch, x, y, z) of points with lo <= xyz < hi."""
+    xyz = np.asarray(points)[:, :3]
+    keep = np.all((xyz >= np.asarray(lo)) & (xyz < np.asarray(hi)), axis=1)
+    vox = np.unique(np.floor(xyz[keep] / voxel).astype(np.int64), axis=0)
+    c = torch.from_numpy(vox)
+    return torch.cat([torch.full((c.shape[0], 1), batch, dtype=torch.int64), c], 1).int()
+
+
+def rel_err(actual, expected):
+    """max |a - e| / max |e| (0 for empty tensors)."""
+    actual = actual.detach().double().cpu()
+    expected = expected.detach().double().cpu()
+    if expected.numel() == 0:
+        return 0.0
+    return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-12))

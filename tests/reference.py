@@ -1,0 +1,256 @@
+"""Independent references for the torchsp tests (nothing here imports torchsp).
+
+Everything is written from DESIGN.md sections 1-3 alone, in float64, with
+plain torch:
+
+- ``offsets``: delta_k in the offset order k = (ix * Ky + iy) * Kz + iz,
+  delta_k = sign * (i * d - p) * step per axis.
+- ``kernel_map`` / ``kernel_map_dict``: the slow kernel map, nbmap[q, k] = row of
+  the input at out[q] + delta_k or -1.  The first matches rows with
+  ``torch.unique(dim=0)`` (no key packing, so no range assumptions), the second
+  with a Python dict (tiny inputs; used to check the first).
+- ``active_sites``, ``generative_sites``, ``transposed_generative_sites``:
+  output coordinates read off a dense occupancy grid convolved with a kernel of
+  ones (``F.conv3d`` / ``F.conv_transpose3d``): a site is active iff its
+  receptive field holds an input, which is DESIGN.md's definition.
+  ``floor_sites``: unique(floor(c / L) * L).
+- ``dense_conv``: the convolution itself, as ``F.conv3d`` (or
+  ``F.conv_transpose3d``) on the scattered dense grid, read at given output
+  sites.  Differentiable (autograd of the dense op gives reference gradients).
+- ``gather_conv``: y = sum_k x[nbmap[:, k]] @ w[k] from a reference map.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def triple(v):
+    if isinstance(v, int):
+        return (v, v, v)
+    v = tuple(int(a) for a in v)
+    assert len(v) == 3
+    return v
+
+
+def default_padding(kernel, dilation):
+    return tuple((k - 1) // 2 * d if k % 2 == 1 else 0 for k, d in zip(kernel, dilation))
+
+
+def offsets(kernel, dilation, padding, step, sign=1):
+    """[V, 3] int64 tensor of sign * (i * d - p) * step, z fastest."""
+    kernel, dilation, padding, step = map(triple, (kernel, dilation, padding, step))
+    rows = []
+    for ix in range(kernel[0]):
+        for iy in range(kernel[1]):
+            for iz in range(kernel[2]):
+                rows.append([sign * (i * d - p) * t
+                             for i, d, p, t in zip((ix, iy, iz), dilation, padding, step)])
+    return torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+
+
+def kernel_map(in_coords, out_coords, kernel, dilation, padding, step, sign=1):
+    """int64 [N_out, V]: row of in_coords equal to out_coords[q] + delta_k, or -1."""
+    dev = in_coords.device
+    inp = in_coords.long().cpu()
+    out = out_coords.long().cpu()
+    delta = offsets(kernel, dilation, padding, step, sign)
+    v = delta.shape[0]
+    shift = torch.cat([torch.zeros(v, 1, dtype=torch.int64), delta], 1)
+    queries = (out[:, None, :] + shift[None]).reshape(-1, 4)
+    rows = torch.cat([inp, queries], 0)
+    if rows.shape[0] == 0:
+        return torch.empty(out.shape[0], v, dtype=torch.int64, device=dev)
+    uniq, inv = torch.unique(rows, dim=0, return_inverse=True)
+    assert torch.unique(inv[: inp.shape[0]]).numel() == inp.shape[0], "input coordinates are not unique"
+    lookup = torch.full((uniq.shape[0],), -1, dtype=torch.int64)
+    lookup[inv[: inp.shape[0]]] = torch.arange(inp.shape[0])
+    return lookup[inv[inp.shape[0]:]].reshape(out.shape[0], v).to(dev)
+
+
+def kernel_map_dict(in_coords, out_coords, kernel, dilation, padding, step, sign=1):
+    """The same map with a Python dict (slow; tiny inputs only)."""
+    index = {tuple(r): i for i, r in enumerate(in_coords.long().tolist())}
+    delta = offsets(kernel, dilation, padding, step, sign).tolist()
+    res = []
+    for b, x, y, z in out_coords.long().tolist():
+        res.append([index.get((b, x + dx, y + dy, z + dz), -1) for dx, dy, dz in delta])
+    return torch.tensor(res, dtype=torch.int64).reshape(out_coords.shape[0], len(delta))
+
+
+def transpose_map(nbmap, n_in):
+    """nbmap_t [n_in, V]: nbmap_t[p, k] = q where nbmap[q, k] = p, else -1."""
+    nbmap = nbmap.long().cpu()
+    v = nbmap.shape[1]
+    out = torch.full((n_in, v), -1, dtype=torch.int64)
+    q, k = (nbmap >= 0).nonzero(as_tuple=True)
+    p = nbmap[q, k]
+    assert torch.unique(p * v + k).numel() == p.numel(), "two outputs read one input through one offset"
+    out[p, k] = q
+    return out
+
+
+def gather_conv(feats, nbmap, weight, bias=None):
+    """float64 y[q] = bias + sum_k x[nbmap[q, k]] @ w[k]."""
+    x = feats.double()
+    w = weight.double()
+    nbmap = nbmap.to(x.device).long()
+    y = torch.zeros(nbmap.shape[0], w.shape[2], dtype=torch.float64, device=x.device)
+    for k in range(nbmap.shape[1]):
+        rows = (nbmap[:, k] >= 0).nonzero().flatten()
+        if rows.numel():
+            y = y.index_add(0, rows, x[nbmap[rows, k]] @ w[k])
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+# --------------------------------------------------------------- dense grid ---
+
+
+class Grid:
+    """A dense grid covering coordinate sets: origin (a multiple of `align` per
+    axis, full resolution), cell size `cell` (the stride of the tensor scattered
+    into it), shape, and the batch count."""
+
+    def __init__(self, coord_sets, cell, align, margin_cells):
+        cell, align = triple(cell), triple(align)
+        rows = [c.long().cpu() for c in coord_sets if c.shape[0] > 0]
+        allc = torch.cat(rows, 0) if rows else torch.zeros(1, 4, dtype=torch.int64)
+        lo = allc[:, 1:].amin(0)
+        hi = allc[:, 1:].amax(0)
+        self.cell = cell
+        self.origin = tuple(int(((int(lo[a]) - margin_cells * cell[a]) // align[a]) * align[a]) for a in range(3))
+        self.shape = tuple((int(hi[a]) - self.origin[a]) // cell[a] + 1 + margin_cells for a in range(3))
+        self.batches = int(allc[:, 0].max()) + 1
+
+    def index(self, coords, cell=None):
+        """Grid indices (b, i, j, l) of coordinates at cell size `cell` (default the grid's)."""
+        cell = self.cell if cell is None else triple(cell)
+        c = coords.long().cpu()
+        idx = c.clone()
+        for a in range(3):
+            d = c[:, a + 1] - self.origin[a]
+            assert bool((d % cell[a] == 0).all()), "coordinate not on the lattice of the grid"
+            idx[:, a + 1] = d // cell[a]
+        return idx
+
+    def coords(self, idx, cell):
+        cell = triple(cell)
+        c = idx.long().clone()
+        for a in range(3):
+            c[:, a + 1] = idx[:, a + 1] * cell[a] + self.origin[a]
+        return c.int()
+
+
+def _scatter(dense, idx, feats):
+    dense = dense.permute(0, 2, 3, 4, 1)  # [B, X, Y, Z, C]
+    dense = dense.index_put((idx[:, 0], idx[:, 1], idx[:, 2], idx[:, 3]), feats)
+    return dense.permute(0, 4, 1, 2, 3)
+
+
+def _read(dense, idx):
+    if idx.shape[0]:
+        for a in range(3):
+            assert int(idx[:, a + 1].min()) >= 0 and int(idx[:, a + 1].max()) < dense.shape[a + 2], \
+                "output site outside the dense grid (reference grid too small)"
+    d = dense.permute(0, 2, 3, 4, 1)
+    return d[idx[:, 0], idx[:, 1], idx[:, 2], idx[:, 3]]
+
+
+def _geometry(kernel, stride, dilation, padding):
+    kernel, stride, dilation = triple(kernel), triple(stride), triple(dilation)
+    padding = default_padding(kernel, dilation) if padding is None else triple(padding)
+    return kernel, stride, dilation, padding
+
+
+def _margin(kernel, dilation, padding, stride):
+    return max(k * d + p for k, d, p in zip(kernel, dilation, padding)) + max(stride) + 2
+
+
+def dense_weight(weight, kernel, transposed):
+    """[V, Cin, Cout] -> F.conv3d's [Cout, Cin, Kx, Ky, Kz] (or conv_transpose3d's [Cin, Cout, ...])."""
+    v, cin, cout = weight.shape
+    w = weight.reshape(kernel[0], kernel[1], kernel[2], cin, cout)
+    if transposed:
+        return w.permute(3, 4, 0, 1, 2)
+    return w.permute(4, 3, 0, 1, 2)
+
+
+def dense_conv(feats, coords, in_stride, weight, kernel, out_coords, stride=1, padding=None, dilation=1,
+               transposed=False, bias=None):
+    """Dense-equivalent sparse conv, float64, read at `out_coords`.
+
+    Forward (sub-manifold, strided, generative): F.conv3d(stride=s, padding=p, dilation=d) on the
+    input scattered at cell size t, origin a multiple of s * t; output cell j is coordinate
+    origin + j * s * t.  Transposed: F.conv_transpose3d(stride=s, padding=p, dilation=d), output cell j
+    is origin + j * t / s.  weight_dense[co, ci, ix, iy, iz] = weight[k, ci, co] (conv_transpose:
+    [ci, co, ...]).
+    """
+    kernel, stride, dilation, padding = _geometry(kernel, stride, dilation, padding)
+    t = triple(in_stride)
+    x = feats.double()
+    w = weight.double()
+    margin = _margin(kernel, dilation, padding, stride)
+    if transposed:
+        out_cell = tuple(a // b for a, b in zip(t, stride))
+        grid = Grid([coords, out_coords], t, t, margin)
+        dense = _scatter(x.new_zeros((grid.batches, x.shape[1]) + grid.shape), grid.index(coords).to(x.device), x)
+        y = F.conv_transpose3d(dense, dense_weight(w, kernel, True), stride=stride, padding=padding,
+                               dilation=dilation)
+    else:
+        out_cell = tuple(a * b for a, b in zip(t, stride))
+        grid = Grid([coords, out_coords], t, out_cell, margin)
+        dense = _scatter(x.new_zeros((grid.batches, x.shape[1]) + grid.shape), grid.index(coords).to(x.device), x)
+        y = F.conv3d(dense, dense_weight(w, kernel, False), stride=stride, padding=padding, dilation=dilation)
+    out = _read(y, grid.index(out_coords, out_cell).to(x.device))
+    if bias is not None:
+        out = out + bias.double()
+    return out
+
+
+def _occupancy_sites(coords, in_stride, kernel, stride, dilation, padding, transposed):
+    kernel, stride, dilation, padding = _geometry(kernel, stride, dilation, padding)
+    t = triple(in_stride)
+    if coords.shape[0] == 0:
+        return torch.empty(0, 4, dtype=torch.int32)
+    margin = _margin(kernel, dilation, padding, stride)
+    ones = torch.ones((1, 1) + kernel, dtype=torch.float64)
+    if transposed:
+        out_cell = tuple(a // b for a, b in zip(t, stride))
+        grid = Grid([coords], t, t, margin)
+    else:
+        out_cell = tuple(a * b for a, b in zip(t, stride))
+        grid = Grid([coords], t, out_cell, margin)
+    occ = _scatter(torch.zeros((grid.batches, 1) + grid.shape, dtype=torch.float64), grid.index(coords),
+                   torch.ones(coords.shape[0], 1, dtype=torch.float64))
+    if transposed:
+        y = F.conv_transpose3d(occ, ones, stride=stride, padding=padding, dilation=dilation)
+    else:
+        y = F.conv3d(occ, ones, stride=stride, padding=padding, dilation=dilation)
+    idx = (y[:, 0] > 0.5).nonzero()  # lexicographic (b, i, j, l) == sorted (b, x, y, z)
+    return grid.coords(idx, out_cell)
+
+
+def active_sites(coords, in_stride, kernel, stride, dilation=1, padding=None):
+    """Strided conv, active-site rule: q on the s*t lattice with some q + delta_k occupied (sorted)."""
+    return _occupancy_sites(coords, in_stride, kernel, stride, dilation, padding, False)
+
+
+def generative_sites(coords, in_stride, kernel, dilation=1, padding=None):
+    """Stride-1 generative conv: every q with some q + delta_k occupied (sorted)."""
+    return _occupancy_sites(coords, in_stride, kernel, 1, dilation, padding, False)
+
+
+def transposed_generative_sites(coords, in_stride, kernel, stride, dilation=1, padding=None):
+    """Transposed generative conv: every fine q (lattice t/s) with some q - delta_k occupied (sorted)."""
+    return _occupancy_sites(coords, in_stride, kernel, stride, dilation, padding, True)
+
+
+def floor_sites(coords, in_stride, stride):
+    """Floor rule: unique(floor(c / (s*t)) * (s*t)), sorted by (b, x, y, z)."""
+    lat = torch.tensor([a * b for a, b in zip(triple(in_stride), triple(stride))], dtype=torch.int64)
+    c = coords.long().cpu()
+    if c.shape[0] == 0:
+        return torch.empty(0, 4, dtype=torch.int32)
+    q = torch.cat([c[:, :1], torch.div(c[:, 1:], lat, rounding_mode="floor") * lat], 1)
+    return torch.unique(q, dim=0).int()

@@ -1,0 +1,221 @@
+"""Every convolution regime against the dense float64 reference (DESIGN.md section 3).
+
+For each case of tests/cases.py: the output coordinates (set and order), the output
+stride, the features (F.conv3d / F.conv_transpose3d on the scattered grid, read at
+the output sites), per-dtype accuracy, gradients (gradcheck in float64 on the CPU;
+against the dense reference's autograd on every device) and empty inputs.
+"""
+
+import pytest
+import torch
+
+import torchsp
+from cases import BY_NAME, CASE_IDS, CASES, build, expected_coords, reference
+from conftest import CUDA, randn, rel_err
+
+F = torchsp.functional
+
+# Relative (to max |reference|) tolerances per device and dtype; the reference is computed
+# in float64 from the same rounded inputs.  CUDA float32 may use TF32 tensor cores.
+TOL = {
+    ("cpu", torch.float64): 1e-12,
+    ("cpu", torch.float32): 1e-5,
+    ("cpu", torch.float16): 1e-2,
+    ("cpu", torch.bfloat16): 1e-2,
+    ("cuda", torch.float32): 5e-3,
+    ("cuda", torch.float16): 5e-3,
+    ("cuda", torch.bfloat16): 2e-2,
+}
+
+
+def native_dtype(device):
+    return torch.float64 if device == "cpu" else torch.float32
+
+
+def run_case(case, device, dtype, cin=3, cout=4, bias=True, seed=0, **build_kw):
+    x, fine = build(case, cin=cin, device=device, dtype=dtype, seed=seed, **build_kw)
+    w = randn(case.volume(), cin, cout, seed=seed + 10, dtype=dtype, device=device,
+              scale=(case.volume() * cin) ** -0.5)
+    b = randn(cout, seed=seed + 11, dtype=dtype, device=device) if bias else None
+    y = F.sparse_conv3d(x, w, bias=b, **case.conv_kwargs())
+    return x, fine, w, b, y
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_regime(case, device):
+    dtype = native_dtype(device)
+    x, fine, w, b, y = run_case(case, device, dtype)
+    want_coords = expected_coords(case, x.coords, fine)
+    assert isinstance(y, torchsp.SparseTensor)
+    assert y.coords.dtype == torch.int32 and y.coords.shape[1] == 4
+    assert y.coords.device.type == device
+    assert torch.equal(y.coords.cpu(), want_coords), f"{case.regime}: output coordinates differ (set or order)"
+    assert tuple(y.stride) == case.out_stride()
+    assert y.feats.dtype == dtype and y.feats.shape == (want_coords.shape[0], 4)
+    assert y.cache is x.cache
+    want = reference(case, x.feats, x.coords, w, want_coords, b)
+    assert rel_err(y.feats, want) <= TOL[(device, dtype)], f"rel err {rel_err(y.feats, want):.3g}"
+    # something non-trivial was computed: features differ from the bias alone
+    assert (want - b.double().cpu()).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("case", [BY_NAME[n] for n in ("sub_k3", "str_k3_s2", "gen_k3", "tr_k2_s2", "trgen_k3_s2")],
+                         ids=lambda c: c.name)
+def test_deterministic_and_cached(case, device):
+    """Two calls on one input give equal results (bitwise on the CPU) and reuse the cached kernel map."""
+    x, fine, w, b, y1 = run_case(case, device, native_dtype(device))
+    n_maps = len(x.cache.kmaps)
+    y2 = F.sparse_conv3d(x, w, bias=b, **case.conv_kwargs())
+    assert len(x.cache.kmaps) == n_maps, "second call built another kernel map"
+    assert torch.equal(y1.coords, y2.coords)
+    if device == "cpu":
+        assert torch.equal(y1.feats, y2.feats)
+    else:  # the autotuner may pick another dataflow after the first call
+        assert rel_err(y1.feats, y2.feats) <= 1e-5
+    assert y1.coord_key == y2.coord_key
+    hash(y1.coord_key)
+
+
+DTYPE_CASES = [BY_NAME[n] for n in ("sub_k3", "sub_k2", "str_k3_s2", "floor_k3_s2", "gen_k3", "tr_k3_s2",
+                                    "trgen_k2_s2")]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", DTYPE_CASES, ids=lambda c: c.name)
+def test_dtypes(case, dtype, device):
+    """fp32/fp16/bf16 against float64 on the same rounded inputs.  On the CPU, fp16/bf16
+    may instead raise a clear error that names the dtype (issue 2)."""
+    cin, cout = 16, 8
+    try:
+        x, fine, w, b, y = run_case(case, device, dtype, cin=cin, cout=cout)
+    except (RuntimeError, TypeError, NotImplementedError, ValueError) as e:
+        if device == "cpu" and dtype in (torch.float16, torch.bfloat16):
+            msg = str(e).lower()
+            assert any(s in msg for s in ("half", "float16", "bfloat16", "dtype")), f"unclear error: {e}"
+            return
+        raise
+    assert y.feats.dtype == dtype
+    want_coords = expected_coords(case, x.coords, fine)
+    assert torch.equal(y.coords.cpu(), want_coords)
+    want = reference(case, x.feats, x.coords, w, want_coords, b)
+    err = rel_err(y.feats, want)
+    assert err <= TOL[(device, dtype)], f"{dtype} rel err {err:.3g}"
+
+
+def test_fp64_cuda_clear_error_or_correct():
+    """float64 on CUDA is not in the design (CPU only); it must work or fail clearly."""
+    if not CUDA:
+        pytest.skip("needs CUDA")
+    case = BY_NAME["sub_k3"]
+    try:
+        x, fine, w, b, y = run_case(case, "cuda", torch.float64)
+    except (RuntimeError, TypeError, NotImplementedError) as e:
+        assert any(s in str(e).lower() for s in ("double", "float64", "dtype")), f"unclear error: {e}"
+        return
+    want = reference(case, x.feats, x.coords, w, x.coords, b)
+    assert rel_err(y.feats, want) < 1e-10
+
+
+# ------------------------------------------------------------------ gradients ---
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_gradcheck(case):
+    """gradcheck in float64 (CPU) for feats, weight (and bias on every other case)."""
+    x, fine = build(case, cin=2, seed=7, n=45, span=3)
+    w = randn(case.volume(), 2, 3, seed=8).requires_grad_()
+    with_bias = CASES.index(case) % 2 == 0
+    b = randn(3, seed=9).requires_grad_() if with_bias else None
+    feats = x.feats.detach().clone().requires_grad_()
+    kw = case.conv_kwargs()
+
+    def fn(feats, w, *bias):
+        return F.sparse_conv3d(x.replace(feats), w, bias=bias[0] if bias else None, **kw).feats
+
+    args = (feats, w) + ((b,) if with_bias else ())
+    assert fn(*args).shape[0] > 0
+    assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+BACKWARD_CASES = [BY_NAME[n] for n in ("sub_k3", "sub_k2", "str_k3_s2", "str_k2_s2_t2", "gen_k3", "tr_k3_s2",
+                                       "trgen_k3_s2")]
+
+
+_CUDA_ONLY = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+BACKWARD_DTYPES = [pytest.param("cpu", torch.float64, id="cpu-fp64"),
+                   pytest.param("cuda", torch.float32, id="cuda-fp32", marks=_CUDA_ONLY),
+                   pytest.param("cuda", torch.float16, id="cuda-fp16", marks=_CUDA_ONLY),
+                   pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=_CUDA_ONLY)]
+
+
+@pytest.mark.parametrize("device,dtype", BACKWARD_DTYPES)
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=lambda c: c.name)
+def test_backward_vs_dense(case, device, dtype):
+    """dgrad and wgrad against the dense reference's autograd (CPU fp64; CUDA fp32/fp16/bf16)."""
+    cin, cout = 8, 8
+    x, fine = build(case, cin=cin, device=device, dtype=dtype, seed=3)
+    w = randn(case.volume(), cin, cout, seed=4, dtype=dtype, device=device, scale=(case.volume() * cin) ** -0.5)
+    feats = x.feats.detach().clone().requires_grad_()
+    wp = w.clone().requires_grad_()
+    y = F.sparse_conv3d(x.replace(feats), wp, **case.conv_kwargs())
+    g = randn(*y.feats.shape, seed=5, dtype=dtype, device=device)
+    y.feats.backward(g)
+
+    out_coords = y.coords.cpu()
+    rf = x.feats.detach().cpu().double().requires_grad_()
+    rw = w.detach().cpu().double().requires_grad_()
+    want = reference(case, rf, x.coords, rw, out_coords)
+    want.backward(g.cpu().double())
+    tol = 1e-10 if dtype == torch.float64 else TOL[(device, dtype)] * 2
+    assert feats.grad is not None and feats.grad.dtype == dtype and wp.grad.dtype == dtype
+    assert rel_err(feats.grad, rf.grad) <= tol, f"dgrad rel err {rel_err(feats.grad, rf.grad):.3g}"
+    assert rel_err(wp.grad, rw.grad) <= tol, f"wgrad rel err {rel_err(wp.grad, rw.grad):.3g}"
+
+
+# ------------------------------------------------------------------ empty ---
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_empty_input(case, device):
+    """N = 0 gives [0, Cout] features on [0, 4] int32 coordinates, and zero-sized gradients."""
+    dtype = native_dtype(device)
+    empty = torch.empty(0, 4, dtype=torch.int32)
+    x, fine = build(case, cin=3, device=device, dtype=dtype, coords=empty)
+    w = randn(case.volume(), 3, 5, seed=1, dtype=dtype, device=device).requires_grad_()
+    feats = x.feats.detach().clone().requires_grad_()
+    y = F.sparse_conv3d(x.replace(feats), w, **case.conv_kwargs())
+    assert y.feats.shape == (0, 5) and y.feats.dtype == dtype
+    assert y.coords.shape == (0, 4) and y.coords.dtype == torch.int32
+    assert tuple(y.stride) == case.out_stride()
+    y.feats.sum().backward()
+    assert feats.grad.shape == (0, 3)
+    assert w.grad.shape == w.shape and not bool(w.grad.any())
+
+
+# ------------------------------------------------------------------ transposed errors ---
+
+def test_transposed_without_finer_coords_errors(device):
+    """A transposed conv on a tensor that was never downsampled says to use generative=True."""
+    x, _ = build(BY_NAME["trgen_k2_s2"], cin=2, device=device, dtype=native_dtype(device))
+    w = randn(8, 2, 2, dtype=native_dtype(device), device=device)
+    with pytest.raises((ValueError, RuntimeError), match="generative=True"):
+        F.sparse_conv3d(x, w, 2, stride=2, transposed=True)
+
+
+def test_transposed_round_trip_order(device):
+    """Down (K=2, s=2) then up returns exactly the fine coordinates in their (unsorted) order."""
+    case = BY_NAME["tr_k2_s2"]
+    x, fine = build(case, cin=2, device=device, dtype=native_dtype(device), seed=11)
+    assert not torch.equal(fine, torch.unique(fine.cpu(), dim=0).to(fine.device)), "input should be unsorted"
+    w = randn(8, 2, 2, dtype=native_dtype(device), device=device)
+    y = F.sparse_conv3d(x, w, 2, stride=2, transposed=True)
+    assert torch.equal(y.coords, fine)
+    assert tuple(y.stride) == (1, 1, 1)
+
+
+def test_stride_tuple_and_int_agree(device):
+    """stride=2 and stride=(2, 2, 2), kernel 3 and (3, 3, 3) are the same conv."""
+    x, _ = build(BY_NAME["str_k3_s2"], cin=2, device=device, dtype=native_dtype(device))
+    w = randn(27, 2, 3, dtype=native_dtype(device), device=device)
+    a = F.sparse_conv3d(x, w, 3, stride=2)
+    b = F.sparse_conv3d(x, w, (3, 3, 3), stride=(2, 2, 2), padding=(1, 1, 1), dilation=(1, 1, 1))
+    assert torch.equal(a.coords, b.coords) and torch.equal(a.feats, b.feats)

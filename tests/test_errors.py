@@ -1,0 +1,246 @@
+"""Bad input: one test per error, each a clear Python exception naming the argument
+(issue 2: never a crash or a silently wrong result)."""
+
+import pytest
+import torch
+
+import reference as ref
+import torchsp
+from conftest import CUDA, random_coords, randn, rel_err
+
+F = torchsp.functional
+M = 131071
+
+
+def _coords(n=30, seed=0):
+    return random_coords(n, span=4, seed=seed)
+
+
+def test_float_coords():
+    c = _coords().float()
+    with pytest.raises(TypeError, match="coords"):
+        torchsp.SparseTensor(randn(c.shape[0], 2), c)
+
+
+def test_coords_n3():
+    c = _coords()[:, 1:].contiguous()
+    with pytest.raises(ValueError, match="coords"):
+        torchsp.SparseTensor(randn(c.shape[0], 2), c)
+
+
+@pytest.mark.parametrize("shape", [(10,), (10, 5), (2, 5, 4)])
+def test_coords_other_shapes(shape):
+    with pytest.raises(ValueError, match="coords"):
+        torchsp.SparseTensor(randn(10, 2), torch.zeros(shape, dtype=torch.int32))
+
+
+def test_feats_not_2d():
+    c = _coords()
+    with pytest.raises(ValueError, match="feats"):
+        torchsp.SparseTensor(randn(c.shape[0]), c)
+
+
+def test_integer_feats():
+    c = _coords()
+    with pytest.raises(TypeError, match="feats"):
+        torchsp.SparseTensor(torch.ones(c.shape[0], 2, dtype=torch.int64), c)
+
+
+def test_length_mismatch():
+    c = _coords()
+    with pytest.raises(ValueError, match=r"feats|coords|rows"):
+        torchsp.SparseTensor(randn(c.shape[0] + 1, 2), c)
+
+
+def test_duplicate_coords():
+    c = _coords()
+    c = torch.cat([c, c[3:4]], 0)
+    with pytest.raises(ValueError, match="duplicate"):
+        torchsp.SparseTensor(randn(c.shape[0], 2), c)
+
+
+def test_duplicate_differs_only_in_batch_is_fine():
+    c = torch.tensor([[0, 1, 2, 3], [1, 1, 2, 3]], dtype=torch.int32)
+    torchsp.SparseTensor(randn(2, 2), c)
+
+
+def test_coords_not_multiple_of_stride():
+    c = _coords() * 2
+    c[0, 2] += 1
+    with pytest.raises(ValueError, match="stride|multiple"):
+        torchsp.SparseTensor(randn(c.shape[0], 2), c, stride=2)
+
+
+@pytest.mark.parametrize("row", [[0, M + 1, 0, 0], [0, 0, -M - 2, 0], [0, 0, 0, 1 << 20], [512, 0, 0, 0],
+                                 [-1, 0, 0, 0]], ids=["x_high", "y_low", "z_far", "batch_512", "batch_neg"])
+def test_coords_out_of_range(row):
+    c = torch.cat([_coords(), torch.tensor([row], dtype=torch.int32)], 0)
+    with pytest.raises(ValueError, match="coords|batch|range"):
+        torchsp.SparseTensor(randn(c.shape[0], 2), c)
+
+
+def test_int64_coords_beyond_int32_range():
+    """An int64 coordinate that would wrap when cast to int32 is an error, not a wrapped value."""
+    c = _coords().long()
+    c[0, 1] = (1 << 32) + 5
+    with pytest.raises(ValueError, match="coords|range"):
+        torchsp.SparseTensor(randn(c.shape[0], 2), c)
+
+
+def test_coords_at_range_edge_accepted():
+    c = torch.tensor([[0, M, -M - 1, 0], [511, -M - 1, M, M]], dtype=torch.int32)
+    torchsp.SparseTensor(randn(2, 2), c)
+
+
+@pytest.mark.parametrize("kw", [dict(generative=True), dict(stride=2)], ids=["generative", "strided"])
+def test_derived_coords_out_of_range(kw):
+    """Output sites beyond the packable range raise (DESIGN.md section 1: never a wrap-around)."""
+    c = torch.tensor([[0, M, 0, 0], [0, 0, 0, 0]], dtype=torch.int32)
+    x = torchsp.SparseTensor(randn(2, 2), c)
+    with pytest.raises((ValueError, RuntimeError), match="range"):
+        F.sparse_conv3d(x, randn(27, 2, 2), 3, **kw)
+
+
+def test_channel_mismatch_layer():
+    c = _coords()
+    x = torchsp.SparseTensor(randn(c.shape[0], 3), c)
+    conv = torchsp.nn.SparseConv3d(4, 8, 3).double()
+    with pytest.raises(ValueError, match="channel"):
+        conv(x)
+
+
+def test_weight_volume_mismatch():
+    c = _coords()
+    x = torchsp.SparseTensor(randn(c.shape[0], 3), c)
+    with pytest.raises(ValueError, match="kernel_size|offsets|weight"):
+        F.sparse_conv3d(x, randn(8, 3, 4), 3)
+
+
+def test_weight_not_3d():
+    c = _coords()
+    x = torchsp.SparseTensor(randn(c.shape[0], 3), c)
+    with pytest.raises(ValueError, match="weight"):
+        F.sparse_conv3d(x, randn(27 * 3, 4), 3)
+
+
+def test_dtype_mismatch_feats_weight():
+    c = _coords()
+    x = torchsp.SparseTensor(randn(c.shape[0], 3, dtype=torch.float32), c)
+    with pytest.raises((TypeError, ValueError, RuntimeError), match="dtype"):
+        F.sparse_conv3d(x, randn(27, 3, 4, dtype=torch.float64), 3)
+
+
+def test_dtype_mismatch_layer():
+    c = _coords()
+    x = torchsp.SparseTensor(randn(c.shape[0], 3, dtype=torch.float64), c)
+    conv = torchsp.nn.SparseConv3d(3, 4, 3)  # float32 parameters
+    with pytest.raises((TypeError, ValueError, RuntimeError), match="dtype"):
+        conv(x)
+
+
+def test_bias_shape():
+    c = _coords()
+    x = torchsp.SparseTensor(randn(c.shape[0], 3), c)
+    with pytest.raises(ValueError, match="bias"):
+        F.sparse_conv3d(x, randn(27, 3, 4), 3, bias=randn(3))
+
+
+def test_input_not_sparse_tensor():
+    with pytest.raises(TypeError, match="input|SparseTensor"):
+        F.sparse_conv3d(randn(10, 3), randn(27, 3, 4), 3)
+
+
+@pytest.mark.parametrize("bad", [dict(kernel_size=0), dict(stride=0), dict(dilation=0), dict(padding=-1),
+                                 dict(kernel_size=(3, 3)), dict(rule="ceil")],
+                         ids=["kernel0", "stride0", "dilation0", "padding_neg", "kernel_2tuple", "rule"])
+def test_bad_conv_arguments(bad):
+    c = _coords()
+    x = torchsp.SparseTensor(randn(c.shape[0], 3), c)
+    kw = dict(kernel_size=3)
+    kw.update(bad)
+    name = next(iter(bad))
+    with pytest.raises((ValueError, TypeError), match=name):
+        F.sparse_conv3d(x, randn(27, 3, 4), **kw)
+
+
+@pytest.mark.parametrize("what", ["feats", "coords", "weight"])
+def test_non_contiguous_inputs(what):
+    """Non-contiguous feats, coords or weight: a correct result or an error that says 'contiguous'."""
+    c = random_coords(120, span=4, seed=2)
+    feats = randn(c.shape[0], 3, seed=1)
+    w = randn(27, 3, 4, seed=2)
+    want = ref.dense_conv(feats, c, 1, w, (3, 3, 3), c)
+    if what == "feats":
+        feats = randn(3, c.shape[0], seed=1).T  # a transposed view
+        want = ref.dense_conv(feats, c, 1, w, (3, 3, 3), c)
+        assert not feats.is_contiguous()
+    elif what == "coords":
+        c = torch.cat([c, torch.zeros_like(c)], 1)[:, :4]  # row stride 8
+        assert not c.is_contiguous()
+    else:
+        w = randn(4, 3, 27, seed=2).permute(2, 1, 0)
+        want = ref.dense_conv(feats, c, 1, w, (3, 3, 3), c)
+        assert not w.is_contiguous()
+    try:
+        y = F.sparse_conv3d(torchsp.SparseTensor(feats, c), w, 3)
+    except (ValueError, RuntimeError) as e:
+        assert "contiguous" in str(e), f"unclear error: {e}"
+        return
+    assert rel_err(y.feats, want) < 1e-12
+
+
+def test_non_contiguous_ops_direct():
+    """The raw ops with non-contiguous tensors: correct or an error naming contiguity."""
+    ops = torch.ops.torchsp
+    c = random_coords(80, span=4, seed=3)
+    cc = torch.cat([c, c], 1)[:, :4]
+    try:
+        nb = ops.kernel_map(cc, cc, [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], 1, 0)
+    except RuntimeError as e:
+        assert "contiguous" in str(e)
+        return
+    assert torch.equal(nb.long(), ref.kernel_map(c, c, 3, 1, 1, 1))
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_device_mix_feats_coords():
+    c = _coords()
+    with pytest.raises((ValueError, RuntimeError), match="device|cuda|cpu"):
+        torchsp.SparseTensor(randn(c.shape[0], 3, device="cuda"), c)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_device_mix_weight():
+    c = _coords().cuda()
+    x = torchsp.SparseTensor(randn(c.shape[0], 3, dtype=torch.float32, device="cuda"), c)
+    with pytest.raises((ValueError, RuntimeError), match="device|cuda|cpu"):
+        F.sparse_conv3d(x, randn(27, 3, 4, dtype=torch.float32), 3)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_device_mix_layer():
+    c = _coords().cuda()
+    x = torchsp.SparseTensor(randn(c.shape[0], 3, dtype=torch.float32, device="cuda"), c)
+    conv = torchsp.nn.SparseConv3d(3, 4, 3)
+    with pytest.raises((ValueError, RuntimeError), match="device|cuda|cpu"):
+        conv(x)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_device_mix_ops():
+    ops = torch.ops.torchsp
+    c = _coords()
+    with pytest.raises(RuntimeError, match="device|cuda|cpu|CUDA|CPU"):
+        ops.kernel_map(c.cuda(), c, [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1], 1, 0)
+
+
+def test_ops_reject_bad_maps():
+    """conv ops with an nbmap of the wrong width or dtype fail clearly instead of reading out of bounds."""
+    ops = torch.ops.torchsp
+    x = randn(10, 3)
+    w = randn(27, 3, 4)
+    nb = torch.full((5, 8), -1, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="nbmap|weight|volume|offset"):
+        ops.conv_fwd(x, w, nb, torch.full((10, 8), -1, dtype=torch.int32), [0] * 4, [0] * 4, [0] * 4)
+    with pytest.raises(RuntimeError, match="nbmap|int32|dtype"):
+        ops.conv_fwd(x, w, nb.long(), torch.full((10, 27), -1), [0] * 4, [0] * 4, [0] * 4)

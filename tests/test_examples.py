@@ -1,0 +1,41 @@
+"""The examples run end to end on CPU with small sizes (each as `python examples/<name>.py ...`)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--voxel-size", "0.8", "--half-width", "10"]
+
+
+def run_example(name, *args, timeout=240):
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", name), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.mark.parametrize("amp", ["none", "bf16"])
+def test_train_minkunet_loss_goes_down(amp):
+    steps = "8" if amp == "none" else "5"  # bf16 autocast is slow on CPU
+    out = run_example("train_minkunet.py", "--steps", steps, "--log-every", "4", "--amp", amp, *SMALL)
+    assert "loss went down: True" in out
+
+
+def test_infer_prints_timings():
+    out = run_example("infer.py", "--repeats", "1", "--cr", "0.25", *SMALL)
+    assert "minkunet" in out and "resnet21d" in out and "training step" in out
+
+
+def test_export_reloads_in_fresh_process():
+    out = run_example("export.py", "--steps", "2")
+    assert "fresh process" in out and "max abs difference" in out
+
+
+def test_ddp_gradients_match_single_process():
+    out = run_example("ddp.py", "--voxel-size", "0.8")
+    assert "gradients match: True" in out

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Per-layer convolution benchmark on a real LiDAR scan: torchsp dataflows beside the peers.
+
+Layers (voxels of /work/shared/data/lidar_198k.npz, batch 1):
+  subm3 C=32, C=64 at 0.05 m; subm3 C=128, C=256 at 0.1 m (submanifold 3x3x3, Cin = Cout)
+  down2 / down3: stride-2 K=2 / K=3 (padding 1) downsampling, C=64 at 0.05 m and C=128 at 0.1 m
+  up2: transposed K=2 stride 2 back to the stride-1 coordinates, same channels
+Phases (map cached: built once before timing, as a model reuses it), CUDA events around the
+Python call a user makes, median of --iters after --warmup:
+  fwd      torchsp.functional.sparse_conv3d(x, w, K, stride=..., transposed=..., algo=...) under no_grad
+  dgrad    torch.ops.torchsp.conv_dgrad(dy, w, nbmap_t, algo)
+  wgrad    torch.ops.torchsp.conv_wgrad(x, dy, nbmap, algo)
+  fwd+bwd  y = sparse_conv3d(...); y.feats.backward(dy)   (feats and weight require grad)
+Floor of a phase: max(F / PEAK, B / 3.0 TB/s), F = 2 * pairs * Cin * Cout (x3 for fwd+bwd),
+B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * N_out * V (x3 for fwd+bwd), e = element size,
+pairs = nbmap entries >= 0, PEAK = 790 TFLOP/s (fp16/bf16) or 438 (fp32, tf32).
+torchsp is reported per dataflow in --algos ("0" output-stationary, "1" weight-stationary,
+"2:T" hybrid with L1 threshold T (default 2), "auto" the tuner's choice).
+Peers (tools/peers.py: spconv, flexgemm, torchsparse, warpconvnet) are built on the same voxels
+with the same weights, their output is compared with torchsp's (relative error printed), then
+fwd and fwd+bwd are timed the same way.
+
+    python tools/bench.py --json bench.json --plot bench.png          # H100, fp16
+    python tools/bench.py --device cpu --dtype fp32 --voxel-scale 10 --iters 3 --warmup 1 --peers none
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+BANDWIDTH = 3.0e12
+PEAK = {torch.float16: 790e12, torch.bfloat16: 790e12, torch.float32: 438e12, torch.float64: 438e12}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
+DATA_CANDIDATES = [
+    os.path.join(ROOT, "..", "shared", "data", "lidar_198k.npz"),
+    "/work/shared/data/lidar_198k.npz",
+    os.path.join(ROOT, "shared", "data", "lidar_198k.npz"),
+    os.path.join(ROOT, "torchsp", "data", "lidar_198k.npz"),
+]
+
+# name, kind, K, Cin, Cout, voxel size
+LAYERS = [
+    ("subm3_c32", "subm", 3, 32, 32, 0.05),
+    ("subm3_c64", "subm", 3, 64, 64, 0.05),
+    ("subm3_c128", "subm", 3, 128, 128, 0.1),
+    ("subm3_c256", "subm", 3, 256, 256, 0.1),
+    ("down2_c64", "down", 2, 64, 64, 0.05),
+    ("down3_c64", "down", 3, 64, 64, 0.05),
+    ("up2_c64", "up", 2, 64, 64, 0.05),
+    ("down2_c128", "down", 2, 128, 128, 0.1),
+    ("down3_c128", "down", 3, 128, 128, 0.1),
+    ("up2_c128", "up", 2, 128, 128, 0.1),
+]
+
+
+def find_data(path):
+    if path:
+        return path
+    for p in DATA_CANDIDATES:
+        if os.path.exists(p):
+            return p
+    raise FileNotFoundError("lidar_198k.npz not found; pass --data PATH")
+
+
+_coords_cache = {}
+
+
+def load_coords(path, voxel_size, device):
+    key = (path, voxel_size, str(device))
+    if key not in _coords_cache:
+        pc = np.load(path)["pc"][:, :3]
+        c = np.unique(np.floor(pc / voxel_size).astype(np.int32), axis=0)
+        c = np.concatenate([np.zeros((c.shape[0], 1), np.int32), c], axis=1)
+        _coords_cache[key] = torch.from_numpy(c).to(device).contiguous()
+    return _coords_cache[key]
+
+
+def timeit(fn, iters, warmup, device):
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        for s, e in ev:
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize(device)
+        times = [s.elapsed_time(e) * 1e3 for s, e in ev]
+    else:
+        times = []
+        for _ in range(iters):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(times)
+
+
+def parse_algo(spec):
+    """'0' | '1' | '2' | '2:T' | 'a,b,c,d' | 'auto' -> (label, algo list or None)."""
+    if spec == "auto":
+        return "auto", None
+    if "," in spec:
+        a = [int(v) for v in spec.split(",")]
+        return "df" + spec.replace(",", "."), a
+    if ":" in spec:
+        df, t = spec.split(":")
+        return f"df{df}t{t}", [int(df), 0, 0, int(t)]
+    df = int(spec)
+    return f"df{df}" + ("t2" if df == 2 else ""), [df, 0, 0, 2 if df == 2 else 0]
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def make_layer(name, kind, K, cin, cout, vs, args, device, dtype):
+    """Input SparseTensor, conv kwargs, weight, cached KernelMap, sizes, peer description."""
+    import torchsp
+    from torchsp.kmap import get_kernel_map
+    coords = load_coords(args.data, vs * args.voxel_scale, device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    V = K ** 3
+    w = (torch.randn(V, cin, cout, generator=g) / (V * cin) ** 0.5).to(device, dtype)
+    if kind == "up":
+        fine = torchsp.SparseTensor(torch.zeros(coords.shape[0], cout, device=device, dtype=dtype), coords)
+        _, out, ostride, okey = get_kernel_map(fine, K, stride=2)
+        feats = torch.randn(out.shape[0], cin, generator=g).to(device, dtype)
+        x = torchsp.SparseTensor(feats, out, ostride, cache=fine.cache, coord_key=okey, check=False)
+        kw = dict(stride=2, transposed=True)
+        t_in = 2
+    else:
+        feats = torch.randn(coords.shape[0], cin, generator=g).to(device, dtype)
+        x = torchsp.SparseTensor(feats, coords)
+        kw = dict(stride=1 if kind == "subm" else 2)
+        t_in = 1
+    km, out_coords, _, _ = get_kernel_map(x, K, **kw)
+    pairs = int((km.nbmap >= 0).sum())
+    n_in, n_out = x.coords.shape[0], out_coords.shape[0]
+    e = torch.empty((), dtype=dtype).element_size()
+    F = 2 * pairs * cin * cout
+    B = e * (n_in * cin + n_out * cout + V * cin * cout) + 4 * n_out * V
+    peer_desc = dict(kind=kind, K=K, Cin=cin, Cout=cout, dtype=dtype, device=device, coords_in=x.coords,
+                     coords_out=out_coords, t_in=t_in, weight=w)
+    return x, kw, w, km, dict(n_in=n_in, n_out=n_out, V=V, pairs=pairs, F=F, B=B), peer_desc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="fp16", choices=sorted(DTYPES))
+    ap.add_argument("--algos", nargs="+", default=["0", "1", "2"],
+                    help="torchsp dataflows: 0, 1, 2 (hybrid, threshold 2), 2:T, a,b,c,d, auto")
+    ap.add_argument("--layers", nargs="+", default=None, help=f"subset of {[l[0] for l in LAYERS]}")
+    ap.add_argument("--peers", nargs="+", default=["all"], help="spconv flexgemm torchsparse warpconvnet | all | none")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--voxel-scale", type=float, default=1.0, help="multiply voxel sizes (CPU smoke tests)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None, help="PNG bar plot (matplotlib, imported lazily)")
+    args = ap.parse_args()
+    args.data = find_data(args.data)
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("bench: CUDA is not available (use --device cpu for a smoke test)")
+        if args.iters < 50:
+            print(f"bench: raising --iters {args.iters} to 50 on CUDA")
+            args.iters = 50
+    import torchsp
+    import peers as peerlib
+
+    peer_names = list(peerlib.PEERS) if args.peers == ["all"] else ([] if args.peers == ["none"] else args.peers)
+    probe = peerlib.probe() if peer_names else {}
+    env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+           else "cpu", "dtype": args.dtype, "iters": args.iters, "data": os.path.basename(args.data),
+           "voxel_scale": args.voxel_scale, "peers": probe}
+    print(f"# bench: {env['device']}, torch {env['torch']}, {args.dtype}, median of {args.iters}, "
+          f"{env['data']} (voxel sizes x{args.voxel_scale})")
+    for p, v in probe.items():
+        print(f"#   peer {p}: {v}")
+    peak = PEAK[dtype]
+    algos = [parse_algo(s) for s in args.algos]
+    layers = [l for l in LAYERS if args.layers is None or l[0] in args.layers]
+    rows = []
+
+    def floor_us(F, B, mult=1):
+        return max(mult * F / peak, mult * B / BANDWIDTH) * 1e6
+
+    def emit(rec):
+        rows.append(rec)
+        f = lambda k: f"{rec[k]:9.1f}" if rec.get(k) is not None else f"{'-':>9s}"  # noqa: E731
+        print(f"{rec['layer']:11s} {rec['impl']:18s} {f('fwd_us')} {f('dgrad_us')} {f('wgrad_us')} "
+              f"{f('fwdbwd_us')}  {rec.get('err', ''):>9s} {rec.get('note', '')}", flush=True)
+
+    for name, kind, K, cin, cout, vs in layers:
+        x, kw, w, km, sz, pdesc = make_layer(name, kind, K, cin, cout, vs, args, device, dtype)
+        fl = {"fwd": floor_us(sz["F"], sz["B"]), "dgrad": floor_us(sz["F"], sz["B"]),
+              "wgrad": floor_us(sz["F"], sz["B"]), "fwdbwd": floor_us(sz["F"], sz["B"], 3)}
+        print(f"\n## {name}: {kind} K={K} {cin}->{cout} at {vs * args.voxel_scale:g} m, N_in {sz['n_in']}, "
+              f"N_out {sz['n_out']}, pairs {sz['pairs']} ({sz['pairs'] / max(sz['n_out'], 1):.1f}/row)")
+        print(f"{'layer':11s} {'impl':18s} {'fwd us':>9s} {'dgrad us':>9s} {'wgrad us':>9s} {'fwd+bwd':>9s}  "
+              f"{'rel err':>9s}")
+        base = dict(layer=name, kind=kind, K=K, Cin=cin, Cout=cout, voxel=vs * args.voxel_scale, **sz)
+        emit(dict(base, impl="floor", fwd_us=fl["fwd"], dgrad_us=fl["dgrad"], wgrad_us=fl["wgrad"],
+                  fwdbwd_us=fl["fwdbwd"]))
+        g = torch.Generator(device="cpu").manual_seed(1)
+        dy = torch.randn(sz["n_out"], cout, generator=g).to(device, dtype)
+        y_ref = None
+        for label, algo in algos:
+            rec = dict(base, impl=f"torchsp {label}", algo=algo)
+            try:
+                conv = lambda feats, weight, a=algo: torchsp.functional.sparse_conv3d(  # noqa: E731
+                    x.replace(feats) if hasattr(x, "replace") else x, weight, K, algo=a, **kw)
+                with torch.no_grad():
+                    y = conv(x.feats, w).feats
+                    if y_ref is None:
+                        y_ref = y.float()
+                    else:
+                        rec["err"] = f"{rel_err(y, y_ref):.1e}"
+                    rec["fwd_us"] = timeit(lambda: conv(x.feats, w), args.iters, args.warmup, device)
+                    a = algo if algo is not None else [0, 0, 0, 0]
+                    rec["dgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, a),
+                                             args.iters, args.warmup, device)
+                    rec["wgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, a),
+                                             args.iters, args.warmup, device)
+                xf = x.feats.detach().clone().requires_grad_(True)
+                wg = w.detach().clone().requires_grad_(True)
+
+                def fb():
+                    conv(xf, wg).feats.backward(dy)
+                rec["fwdbwd_us"] = timeit(fb, args.iters, args.warmup, device)
+            except Exception as e:  # noqa: BLE001
+                rec["note"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+            emit(rec)
+        for p in peer_names:
+            rec = dict(base, impl=p)
+            try:
+                pl, pw = peerlib.build(p, pdesc)
+                with torch.no_grad():
+                    yp = pl.forward(x.feats)
+                    rec["err"] = f"{rel_err(yp, y_ref):.1e}" if y_ref is not None else "-"
+                    rec["fwd_us"] = timeit(lambda: pl.forward(x.feats), args.iters, args.warmup, device)
+                xf = x.feats.detach().clone().requires_grad_(True)
+                pw.requires_grad_(True)
+                rec["fwdbwd_us"] = timeit(lambda: pl.fwd_bwd(xf, pw, dy), args.iters, args.warmup, device)
+                rec["note"] = pl.note
+            except peerlib.PeerUnavailable as e:
+                rec["note"] = f"n/a ({e})"
+            except peerlib.PeerMismatch as e:
+                rec["note"] = f"MISMATCH ({e})"
+            except Exception as e:  # noqa: BLE001
+                rec["note"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+            emit(rec)
+        del x, w, km, pdesc
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"env": env, "rows": rows}, f, indent=1, default=str)
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(rows, args.plot, env)
+
+    # compact table last: per layer, best torchsp vs floor vs best peer
+    print("\n# compact (us; fwd = forward with map cached; x = time / floor; speedup = best peer / best torchsp)")
+    print(f"{'layer':11s} {'floor':>7s} {'torchsp':>9s} {'algo':>8s} {'x':>5s} {'peer':>9s} {'which':>11s} "
+          f"{'speedup':>7s} | {'fb floor':>8s} {'fb tsp':>8s} {'fb peer':>8s} {'speedup':>7s}")
+    for name in dict.fromkeys(r["layer"] for r in rows):
+        rs = [r for r in rows if r["layer"] == name]
+        fl = [r for r in rs if r["impl"] == "floor"][0]
+        tsp = [r for r in rs if r["impl"].startswith("torchsp") and r.get("fwd_us")]
+        prs = [r for r in rs if r["impl"] not in ("floor",) and not r["impl"].startswith("torchsp")
+               and r.get("fwd_us")]
+        bt = min(tsp, key=lambda r: r["fwd_us"]) if tsp else None
+        bp = min(prs, key=lambda r: r["fwd_us"]) if prs else None
+        btf = min((r["fwdbwd_us"] for r in tsp if r.get("fwdbwd_us")), default=None)
+        bpf = min((r["fwdbwd_us"] for r in prs if r.get("fwdbwd_us")), default=None)
+        s = lambda v, w=9: f"{v:{w}.1f}" if v is not None else f"{'-':>{w}s}"  # noqa: E731
+        print(f"{name:11s} {fl['fwd_us']:7.1f} {s(bt and bt['fwd_us'])} {(bt['impl'][8:] if bt else '-'):>8s} "
+              f"{s(bt and bt['fwd_us'] / fl['fwd_us'], 5)} {s(bp and bp['fwd_us'])} {(bp['impl'] if bp else '-'):>11s} "
+              f"{s(bp and bt and bp['fwd_us'] / bt['fwd_us'], 7)} | {fl['fwdbwd_us']:8.1f} {s(btf, 8)} {s(bpf, 8)} "
+              f"{s(bpf and btf and bpf / btf, 7)}")
+
+
+def plot(rows, path, env):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        print(f"bench: no plot ({e})")
+        return
+    layers = list(dict.fromkeys(r["layer"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows if r.get("fwd_us")))
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.4 * len(layers)), 9))
+    for ax, key, title in ((axes[0], "fwd_us", "forward (map cached)"), (axes[1], "fwdbwd_us", "forward+backward")):
+        width = 0.8 / max(len(impls), 1)
+        for i, impl in enumerate(impls):
+            vals = []
+            for lay in layers:
+                r = [r for r in rows if r["layer"] == lay and r["impl"] == impl]
+                vals.append(r[0].get(key) or 0 if r else 0)
+            ax.bar([j + i * width for j in range(len(layers))], vals, width, label=impl,
+                   color="black" if impl == "floor" else None)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(layers))])
+        ax.set_xticklabels(layers, rotation=20)
+        ax.set_yscale("log")
+        ax.set_ylabel("us (log)")
+        ax.set_title(f"{title}: {env['device']}, {env['dtype']}")
+        ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""Adapters that build one torchsp benchmark layer in a peer library (tools/bench.py).
+
+Each adapter takes the same voxels and the same weights as torchsp ([V, Cin, Cout],
+k = (ix * Ky + iy) * Kz + iz, delta_k = (i * d - p) * t, DESIGN.md section 2), converts
+them to the peer's layout, and returns a callable whose output rows are put in torchsp's
+output order, so bench.py can print the relative error against torchsp before timing.
+
+Peers (none is vendored; see .peers/BUILD.sh, untracked, for how they are made importable):
+  spconv       spconv 2.x (pip wheel spconv-cu12x): SubMConv3d / SparseConv3d / SparseInverseConv3d,
+               weight [Cout, Kx, Ky, Kz, Cin]; regular strided convs cannot reuse their pairs in
+               spconv, so their forward includes the pair build (noted in the table).
+  flexgemm     FlexGEMM (Triton + small CUDA ext): sparse_submanifold_conv3d / sparse_conv3d with a
+               neighbor cache, weight [Cout, Kx, Ky, Kz, Cin]; no transposed conv.
+  torchsparse  TorchSparse++ v2.1 (CUDA ext): torchsparse.nn.functional.conv3d, weight [V, Cin, Cout]
+               with x-fastest offsets for odd kernels (MinkowskiEngine order), z-fastest for even.
+  warpconvnet  WarpConvNet: import is probed and reported; no adapter yet.
+
+Layer description (dict) given by bench.py:
+  kind 'subm' | 'down' | 'up'; K; Cin; Cout; dtype; device;
+  coords_in [N_in, 4] int32 (full resolution, input stride t_in), coords_out [N_out, 4] (torchsp's);
+  t_in (int); for 'up': coords_fine (= coords_out) and the coarse input is coords_in (stride 2).
+"""
+
+import importlib
+import os
+
+import torch
+
+PEERS = ("spconv", "flexgemm", "torchsparse", "warpconvnet")
+
+
+class PeerUnavailable(Exception):
+    pass
+
+
+class PeerMismatch(Exception):
+    pass
+
+
+def _key(c):
+    c = c.long()
+    bias = 1 << 20
+    return (c[:, 0] << 60) | ((c[:, 1] + bias) << 40) | ((c[:, 2] + bias) << 20) | (c[:, 3] + bias)
+
+
+def row_perm(ours, theirs):
+    """perm with theirs[perm] == ours (same coordinate sets), else PeerMismatch."""
+    if ours.shape[0] != theirs.shape[0]:
+        raise PeerMismatch(f"output sets differ: {theirs.shape[0]} rows vs torchsp {ours.shape[0]}")
+    ko, kt = _key(ours), _key(theirs)
+    st, order = torch.sort(kt)
+    pos = torch.searchsorted(st, ko).clamp_(max=st.numel() - 1)
+    if not bool((st[pos] == ko).all()):
+        raise PeerMismatch("output coordinate sets differ")
+    return order[pos]
+
+
+def _shift(coords, lattice=32):
+    """Shift x, y, z to be non-negative by a multiple of `lattice` (keeps stride lattices aligned)."""
+    lo = coords[:, 1:].amin(0)
+    sh = (-(torch.div(lo, lattice, rounding_mode="floor")) * lattice).to(torch.int32)
+    out = coords.clone()
+    out[:, 1:] += sh
+    return out, sh
+
+
+def _extent(coords, margin=8, mult=32):
+    hi = coords[:, 1:].amax(0).tolist()
+    return [((h + margin) // mult + 1) * mult for h in hi]
+
+
+def _w_krsc(w, K):
+    """ours [V, Ci, Co] -> [Co, Kx, Ky, Kz, Ci]."""
+    V, Ci, Co = w.shape
+    return w.reshape(K, K, K, Ci, Co).permute(4, 0, 1, 2, 3).contiguous()
+
+
+class PeerLayer:
+    def __init__(self, forward, fwd_bwd, note=""):
+        self.forward = forward        # feats -> out feats (torchsp row order)
+        self.fwd_bwd = fwd_bwd        # (feats with grad, weight, dy) -> None
+        self.note = note
+
+
+# --------------------------------------------------------------------------- spconv
+
+def _spconv(L):
+    try:
+        import spconv.pytorch as spconv
+    except Exception as e:  # noqa: BLE001
+        raise PeerUnavailable(f"spconv: {type(e).__name__}: {e}")
+    K, Ci, Co, dev, dt = L["K"], L["Cin"], L["Cout"], L["device"], L["dtype"]
+    kind = L["kind"]
+    cin, sh = _shift(L["coords_out"] if kind == "up" else L["coords_in"])
+    if kind == "up":
+        cin = L["coords_in"].clone()
+        cin[:, 1:] += sh
+    t_in = L["t_in"]
+    # spconv works on compact (per-stride) indices
+    idx_in = cin.clone()
+    idx_in[:, 1:] = torch.div(idx_in[:, 1:], t_in, rounding_mode="floor")
+    spatial = _extent(idx_in)
+    wk = _w_krsc(L["weight"], K)
+    if kind == "subm":
+        conv = spconv.SubMConv3d(Ci, Co, K, padding=K // 2, bias=False, indice_key="bench").to(dev, dt)
+        conv.weight.data.copy_(wk)
+        x0 = spconv.SparseConvTensor(torch.zeros(idx_in.shape[0], Ci, device=dev, dtype=dt), idx_in.contiguous(),
+                                     spatial, 1)
+        y0 = conv(x0)                                       # builds and caches the pairs
+        cache = y0.indice_dict
+        out_idx = y0.indices
+        note = ""
+
+        def make(feats):
+            return spconv.SparseConvTensor(feats, idx_in, spatial, 1, indice_dict=cache)
+    elif kind == "down":
+        pad = (K - 1) // 2
+        conv = spconv.SparseConv3d(Ci, Co, K, stride=2, padding=pad, bias=False).to(dev, dt)
+        conv.weight.data.copy_(wk)
+        x0 = spconv.SparseConvTensor(torch.zeros(idx_in.shape[0], Ci, device=dev, dtype=dt), idx_in, spatial, 1)
+        out_idx = conv(x0).indices
+        note = "pairs rebuilt each call (spconv cannot reuse strided maps)"
+
+        def make(feats):
+            return spconv.SparseConvTensor(feats, idx_in, spatial, 1)
+    else:  # up: transposed K=2 s=2 from the coarse tensor back to the fine one
+        fine, _ = _shift(L["coords_out"])
+        fine_idx = fine.clone()
+        fine_spatial = _extent(fine_idx)
+        down = spconv.SparseConv3d(Co, Ci, K, stride=2, padding=0, bias=False, indice_key="up").to(dev, dt)
+        xf = spconv.SparseConvTensor(torch.zeros(fine_idx.shape[0], Co, device=dev, dtype=dt), fine_idx,
+                                     fine_spatial, 1)
+        yc = down(xf)
+        # coarse input must be spconv's own coarse tensor; reorder our coarse rows to it
+        coarse_ours = L["coords_in"].clone()
+        coarse_ours[:, 1:] += sh
+        coarse_ours[:, 1:] = torch.div(coarse_ours[:, 1:], 2, rounding_mode="floor")
+        perm_in = row_perm(yc.indices, coarse_ours)      # ours[perm_in] == spconv order
+        conv = spconv.SparseInverseConv3d(Ci, Co, K, indice_key="up", bias=False).to(dev, dt)
+        conv.weight.data.copy_(wk)
+        cache = yc.indice_dict
+        out_idx = fine_idx
+        note = ""
+        inner_make = lambda feats: yc.replace_feature(feats[perm_in])  # noqa: E731
+
+        def make(feats):
+            return inner_make(feats)
+        # output of inverse conv = fine indices in xf order
+    # row order of the output
+    if kind == "up":
+        ours_out = L["coords_out"].clone()
+        ours_out[:, 1:] += sh
+        perm = row_perm(ours_out, out_idx)
+    else:
+        t_out = t_in * (2 if kind == "down" else 1)
+        ours_out = L["coords_out"].clone()
+        ours_out[:, 1:] = torch.div(ours_out[:, 1:] + sh, t_out, rounding_mode="floor")
+        perm = row_perm(ours_out, out_idx)
+
+    def forward(feats):
+        return conv(make(feats)).features[perm]
+
+    def fwd_bwd(feats, weight_unused, dy):
+        y = conv(make(feats)).features
+        y.backward(_scatter_rows(dy, perm))
+    return PeerLayer(forward, fwd_bwd, note), conv.weight
+
+
+def _scatter_rows(dy, perm):
+    """dy in torchsp order -> peer order: out_peer[perm[i]] = dy[i]."""
+    out = torch.empty_like(dy)
+    out[perm] = dy
+    return out
+
+
+# --------------------------------------------------------------------------- FlexGEMM
+
+def _flexgemm(L):
+    try:
+        import flex_gemm
+        from flex_gemm.ops.spconv import sparse_conv3d, sparse_submanifold_conv3d
+    except Exception as e:  # noqa: BLE001
+        raise PeerUnavailable(f"flexgemm: {type(e).__name__}: {e}")
+    K, Ci, Co, dev, dt = L["K"], L["Cin"], L["Cout"], L["device"], L["dtype"]
+    kind = L["kind"]
+    if kind == "up":
+        raise PeerUnavailable("flexgemm: no transposed convolution")
+    if L["t_in"] != 1:
+        raise PeerUnavailable("flexgemm adapter: input stride 1 only")
+    algo = os.environ.get("FLEXGEMM_ALGO", "MASKED_IMPLICIT_GEMM_SPLITK")
+    flex_gemm.ops.spconv.set_algorithm(getattr(flex_gemm.ops.spconv.Algorithm, algo))
+    cin, sh = _shift(L["coords_in"])
+    cin = cin.contiguous()
+    W, H, D = _extent(cin)
+    shape = torch.Size([1, Ci, W, H, D])
+    weight = _w_krsc(L["weight"], K).requires_grad_(True)
+    bias = torch.zeros(Co, device=dev, dtype=dt)
+    feats0 = torch.zeros(cin.shape[0], Ci, device=dev, dtype=dt, requires_grad=True)
+    if kind == "subm":
+        _, cache = sparse_submanifold_conv3d(feats0, cin, shape, weight, bias)
+        perm = torch.arange(cin.shape[0], device=dev)
+
+        def call(feats):
+            return sparse_submanifold_conv3d(feats, cin, shape, weight, bias, neighbor_cache=cache)[0]
+    else:
+        pad = (K - 1) // 2
+        out = L["coords_out"].clone()
+        out[:, 1:] = torch.div(out[:, 1:] + sh, 2, rounding_mode="floor")
+        out = out.contiguous()
+        _, oc, cache = sparse_conv3d(feats0, cin, shape, weight, bias, out_coords=out, stride=(2, 2, 2),
+                                     padding=(pad,) * 3)
+        perm = row_perm(out, oc)
+
+        def call(feats):
+            return sparse_conv3d(feats, cin, shape, weight, bias, neighbor_cache=cache, out_coords=out,
+                                 stride=(2, 2, 2), padding=(pad,) * 3)[0]
+
+    def forward(feats):
+        return call(feats)[perm]
+
+    def fwd_bwd(feats, _w, dy):
+        call(feats).backward(_scatter_rows(dy, perm))
+    return PeerLayer(forward, fwd_bwd, f"algo {algo}"), weight
+
+
+# --------------------------------------------------------------------------- TorchSparse++
+
+def _w_torchsparse(w, K):
+    V, Ci, Co = w.shape
+    if (K ** 3) % 2 == 1:   # x fastest: j = (iz * Ky + iy) * Kx + ix
+        return w.reshape(K, K, K, Ci, Co).permute(2, 1, 0, 3, 4).reshape(V, Ci, Co).contiguous()
+    return w.contiguous()
+
+
+def _torchsparse(L):
+    try:
+        import torchsparse
+        import torchsparse.nn.functional as F
+    except Exception as e:  # noqa: BLE001
+        raise PeerUnavailable(f"torchsparse: {type(e).__name__}: {e}")
+    K, Ci, Co, dev, dt = L["K"], L["Cin"], L["Cout"], L["device"], L["dtype"]
+    kind = L["kind"]
+    cin, sh = _shift(L["coords_out"] if kind == "up" else L["coords_in"])
+    if kind == "up":
+        cin = L["coords_in"].clone()
+        cin[:, 1:] += sh
+    weight = _w_torchsparse(L["weight"], K).requires_grad_(True)
+    t_in = L["t_in"]
+    training = os.environ.get("TORCHSPARSE_TRAINING", "1") == "1"
+
+    if kind == "up":
+        fine, _ = _shift(L["coords_out"])
+        xf = torchsparse.SparseTensor(torch.zeros(fine.shape[0], Co, device=dev, dtype=dt), fine, 1)
+        wd = torch.zeros(K ** 3, Co, Ci, device=dev, dtype=dt)
+        yc = F.conv3d(xf, wd, K, stride=2, padding=0, training=training)
+        perm_in = row_perm(yc.coords, cin)             # cin[perm_in] == torchsparse coarse order
+        caches = yc._caches
+
+        def call(feats):
+            x = torchsparse.SparseTensor(feats[perm_in], yc.coords, yc.stride, spatial_range=yc.spatial_range)
+            x._caches = caches
+            return F.conv3d(x, weight, K, stride=2, padding=0, transposed=True, training=training).feats
+        perm = torch.arange(fine.shape[0], device=dev)   # transposed output = xf's rows, in xf's order
+        y = call(torch.zeros(cin.shape[0], Ci, device=dev, dtype=dt))
+        if y.shape[0] != fine.shape[0]:
+            raise PeerMismatch(f"transposed output has {y.shape[0]} rows, torchsp {fine.shape[0]}")
+    else:
+        stride = 1 if kind == "subm" else 2
+        pad = (K - 1) // 2 if kind != "subm" or K % 2 else 0
+        x0 = torchsparse.SparseTensor(torch.zeros(cin.shape[0], Ci, device=dev, dtype=dt), cin, t_in)
+        y0 = F.conv3d(x0, weight.detach(), K, stride=stride, padding=pad, training=training)
+        caches = x0._caches
+        ours_out = L["coords_out"].clone()
+        ours_out[:, 1:] += sh
+        perm = row_perm(ours_out, y0.coords)
+
+        def call(feats):
+            x = torchsparse.SparseTensor(feats, cin, t_in, spatial_range=x0.spatial_range)
+            x._caches = caches
+            return F.conv3d(x, weight, K, stride=stride, padding=pad, training=training).feats
+
+    def forward(feats):
+        return call(feats)[perm]
+
+    def fwd_bwd(feats, _w, dy):
+        call(feats).backward(_scatter_rows(dy, perm))
+    return PeerLayer(forward, fwd_bwd, f"training={training}"), weight
+
+
+def _warpconvnet(L):
+    try:
+        importlib.import_module("warpconvnet")
+    except Exception as e:  # noqa: BLE001
+        raise PeerUnavailable(f"warpconvnet: {type(e).__name__}: {e}")
+    raise PeerUnavailable("warpconvnet: importable, but tools/peers.py has no adapter yet")
+
+
+ADAPTERS = {"spconv": _spconv, "flexgemm": _flexgemm, "torchsparse": _torchsparse, "warpconvnet": _warpconvnet}
+
+
+def probe():
+    """{peer: version string or 'unavailable: why'} (imports only)."""
+    mods = {"spconv": "spconv.pytorch", "flexgemm": "flex_gemm", "torchsparse": "torchsparse",
+            "warpconvnet": "warpconvnet"}
+    out = {}
+    for p, m in mods.items():
+        try:
+            mod = importlib.import_module(m)
+            root = importlib.import_module(m.split(".")[0])
+            out[p] = str(getattr(root, "__version__", getattr(mod, "__version__", "?")))
+        except Exception as e:  # noqa: BLE001
+            out[p] = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    return out
+
+
+def build(peer, layer):
+    """(PeerLayer, peer weight parameter) or raise PeerUnavailable / PeerMismatch."""
+    return ADAPTERS[peer](layer)

@@ -1,0 +1,45 @@
+"""Fake (meta) kernels for every torchsp op: output shapes only, no data reads.
+
+torch.compile, torch.export and opcheck run these instead of the real kernels
+while tracing.  out_coords has a data-dependent row count, declared with
+`ctx.new_dynamic_size()`; every other shape follows from the inputs.
+"""
+
+import torch
+
+
+def _volume(kernel):
+    return int(kernel[0]) * int(kernel[1]) * int(kernel[2])
+
+
+@torch.library.register_fake("torchsp::out_coords")
+def _out_coords(coords, kernel, dilation, padding, step, sign, lattice, floor_rule):
+    ctx = torch.library.get_ctx()
+    n = ctx.new_dynamic_size()
+    return coords.new_empty((n, 4))
+
+
+@torch.library.register_fake("torchsp::kernel_map")
+def _kernel_map(in_coords, out_coords, kernel, dilation, padding, step, sign, method):
+    return out_coords.new_empty((out_coords.shape[0], _volume(kernel)))
+
+
+@torch.library.register_fake("torchsp::kernel_map_transpose")
+def _kernel_map_transpose(nbmap, in_coords):
+    return nbmap.new_empty((in_coords.shape[0], nbmap.shape[1]))
+
+
+@torch.library.register_fake("torchsp::conv_fwd")
+def _conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo):
+    torch._check(x.shape[1] == weight.shape[1], lambda: "torchsp.conv_fwd: channel mismatch")
+    return x.new_empty((nbmap.shape[0], weight.shape[2]))
+
+
+@torch.library.register_fake("torchsp::conv_dgrad")
+def _conv_dgrad(dy, weight, nbmap_t, algo):
+    return dy.new_empty((nbmap_t.shape[0], weight.shape[1]))
+
+
+@torch.library.register_fake("torchsp::conv_wgrad")
+def _conv_wgrad(x, dy, nbmap, algo):
+    return x.new_empty((nbmap.shape[1], x.shape[1], dy.shape[1]))

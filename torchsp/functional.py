@@ -1,0 +1,74 @@
+"""Functional sparse convolution.
+
+    torchsp.functional.sparse_conv3d -> torchsp.kmap.get_kernel_map (cached)
+        -> torch.ops.torchsp.conv_fwd -> csrc/shim_{cpu,cuda}.cpp -> tsp_conv_fwd_{cpu,cuda}
+"""
+
+import torch
+
+from .geometry import volume
+from .kmap import ConvGeometry, get_kernel_map
+from .tensor import SparseTensor
+from .tune import choose_algo
+
+DEFAULT_ALGO = (0, 0, 0, 0)
+
+
+def _resolve_algo(algo):
+    """(fwd, dgrad, wgrad) 4-lists from None, one 4-sequence for all passes, or three of them."""
+    if algo is None:
+        return list(DEFAULT_ALGO), list(DEFAULT_ALGO), list(DEFAULT_ALGO)
+    if len(algo) == 4 and all(isinstance(v, int) for v in algo):
+        return list(algo), list(algo), list(algo)
+    if len(algo) != 3:
+        raise ValueError(f"algo must be None, [dataflow, tile, split, threshold] or three of those, got {algo!r}")
+    return tuple(list(a) for a in algo)
+
+
+def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None, dilation=1,
+                  transposed=False, generative=False, rule="active", algo=None):
+    """Sparse 3D convolution of a SparseTensor.
+
+    y[q] = bias + sum_k x[q + delta_k] @ weight[k]  (transposed: x[q - delta_k]),
+    delta_k = (i * dilation - padding) * t per axis, k = (ix * Ky + iy) * Kz + iz.
+
+    Args:
+        input: SparseTensor with feats [N_in, Cin].
+        weight: [V, Cin, Cout], V = Kx * Ky * Kz, same dtype and device as input.feats.
+        kernel_size: int or 3-tuple.
+        bias: optional [Cout].
+        stride, padding, dilation: int or 3-tuple; padding defaults to (K-1)//2*d for odd K, 0 for even.
+        transposed: upsample by `stride` back to the cached finer coordinates.
+        generative: stride 1: output every site reached from an input; transposed: every finer site.
+        rule: "active" (dense-equivalent active sites, default) or "floor" (MinkowskiEngine) for strided output.
+        algo: None (default or tuned), [dataflow, tile, split, threshold], or (fwd, dgrad, wgrad) of those.
+    Returns:
+        SparseTensor with feats [N_out, Cout] on the output coordinates of DESIGN.md section 3.
+    """
+    if not isinstance(input, SparseTensor):
+        raise TypeError(f"sparse_conv3d: input must be a SparseTensor, got {type(input).__name__}")
+    geom = ConvGeometry(kernel_size, stride, dilation, padding, transposed, generative, rule)
+    feats = input.feats
+    v = volume(geom.kernel_size)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 3:
+        raise ValueError(f"sparse_conv3d: weight must be a [V, Cin, Cout] tensor, got "
+                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+    if weight.shape[0] != v:
+        raise ValueError(f"sparse_conv3d: weight has {weight.shape[0]} offsets but kernel_size "
+                         f"{geom.kernel_size} has {v}")
+    if weight.shape[1] != feats.shape[1]:
+        raise ValueError(f"sparse_conv3d: input has {feats.shape[1]} channels but weight expects {weight.shape[1]}")
+    if weight.dtype != feats.dtype:
+        raise TypeError(f"sparse_conv3d: weight dtype {weight.dtype} does not match input feats dtype {feats.dtype}")
+    if weight.device != feats.device:
+        raise ValueError(f"sparse_conv3d: weight is on {weight.device} but input is on {feats.device}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[2]):
+        raise ValueError(f"sparse_conv3d: bias must be [{weight.shape[2]}], got {tuple(bias.shape)}")
+    kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom)
+    if algo is None:
+        algo = choose_algo(input, kmap, geom, weight)
+    fwd, dgrad, wgrad = _resolve_algo(algo)
+    y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad)
+    if bias is not None:
+        y = y + bias
+    return SparseTensor(y, out_coords, out_stride, cache=input.cache, coord_key=out_key, check=False)

@@ -1,0 +1,128 @@
+"""Kernel maps: which input row each output row reads through each offset.
+
+get_kernel_map() resolves a convolution's output coordinates (DESIGN.md
+section 3) and its map, building each at most once per SparseCache.  Maps are
+keyed by (input coord_key, output coord_key, kernel, dilation, padding, step,
+sign).  A transposed convolution whose downsampling map is cached reuses it
+with nbmap and nbmap_t swapped: the pair (q_coarse, p_fine = q_coarse + delta_k)
+of the downsampling is the pair (p_fine, q_coarse = p_fine - delta_k) of the
+transposed conv with the same kernel.
+"""
+
+import os
+
+import torch
+
+from .geometry import default_padding, triple
+
+# Map search: 0 = z-delta (sorted keys), 1 = open-addressing hash.
+DEFAULT_METHOD = int(os.environ.get("TORCHSP_KMAP_METHOD", "0"))
+
+
+class KernelMap:
+    """A kernel map in the two layouts the convolution passes read.
+
+    Attributes:
+        nbmap: int32 [N_out, V], input row of out_coords[q] + delta_k, or -1 (forward, wgrad).
+        nbmap_t: int32 [N_in, V], output row that reads input p through offset k, or -1 (dgrad).
+    """
+
+    def __init__(self, nbmap, nbmap_t):
+        self.nbmap = nbmap
+        self.nbmap_t = nbmap_t
+
+    def swapped(self):
+        return KernelMap(self.nbmap_t, self.nbmap)
+
+
+class ConvGeometry:
+    """Normalised arguments of one sparse convolution (all 3-tuples of ints)."""
+
+    def __init__(self, kernel_size, stride=1, dilation=1, padding=None, transposed=False,
+                 generative=False, rule="active"):
+        self.kernel_size = triple(kernel_size, "kernel_size")
+        self.stride = triple(stride, "stride")
+        self.dilation = triple(dilation, "dilation")
+        self.padding = (default_padding(self.kernel_size, self.dilation) if padding is None
+                        else triple(padding, "padding", minimum=0))
+        if rule not in ("active", "floor"):
+            raise ValueError(f"rule must be 'active' or 'floor', got {rule!r}")
+        self.transposed = bool(transposed)
+        self.generative = bool(generative)
+        self.rule = rule
+
+    @property
+    def submanifold(self):
+        return self.stride == (1, 1, 1) and not self.generative
+
+    def key(self):
+        return (self.kernel_size, self.stride, self.dilation, self.padding, self.transposed,
+                self.generative, self.rule)
+
+
+def output_coords(input, geom):
+    """(out_coords, out_stride, out_coord_key, step, sign) of a conv on `input`."""
+    t = input.stride
+    cache = input.cache
+    if geom.transposed:
+        for a in range(3):
+            if t[a] % geom.stride[a] != 0:
+                raise ValueError(f"transposed conv: input stride {t} is not divisible by stride {geom.stride}")
+        out_stride = tuple(t[a] // geom.stride[a] for a in range(3))
+        step, sign = out_stride, -1
+        if geom.submanifold:
+            return input.coords, t, input.coord_key, step, sign
+        if geom.generative:
+            key = ("transposed_generative", input.coord_key, geom.key())
+            out = torch.ops.torchsp.out_coords(input.coords, geom.kernel_size, geom.dilation, geom.padding,
+                                               step, -1, out_stride, False)
+            return out, out_stride, key, step, sign
+        if out_stride not in cache.coords_by_stride:
+            raise ValueError(
+                f"transposed conv: no coordinates at stride {out_stride} are known for this tensor (it was not "
+                "downsampled from one); use generative=True to generate output coordinates")
+        out, key = cache.coords_by_stride[out_stride]
+        return out, out_stride, key, step, sign
+    out_stride = tuple(t[a] * geom.stride[a] for a in range(3))
+    step, sign = t, 1
+    if geom.submanifold:
+        return input.coords, t, input.coord_key, step, sign
+    kind = "generative" if geom.stride == (1, 1, 1) else "strided"
+    key = (kind, input.coord_key, geom.key())
+    out = torch.ops.torchsp.out_coords(input.coords, geom.kernel_size, geom.dilation, geom.padding, step, 1,
+                                       out_stride, geom.rule == "floor")
+    cache.coords_by_stride.setdefault(t, (input.coords, input.coord_key))
+    cache.coords_by_stride.setdefault(out_stride, (out, key))
+    return out, out_stride, key, step, sign
+
+
+def build_kernel_map(in_coords, out_coords, kernel_size, dilation, padding, step, sign, method=None):
+    """Build a KernelMap (nbmap [N_out, V] and nbmap_t [N_in, V], int32) with torch.ops.torchsp."""
+    method = DEFAULT_METHOD if method is None else method
+    nbmap = torch.ops.torchsp.kernel_map(in_coords, out_coords, list(kernel_size), list(dilation),
+                                         list(padding), list(step), sign, method)
+    nbmap_t = torch.ops.torchsp.kernel_map_transpose(nbmap, in_coords)
+    return KernelMap(nbmap, nbmap_t)
+
+
+def get_kernel_map(input, kernel_size, stride=1, dilation=1, padding=None, transposed=False,
+                   generative=False, rule="active"):
+    """Output coordinates and kernel map of a sparse convolution on `input`, cached.
+
+    Returns (KernelMap, out_coords [N_out, 4] int32, out_stride 3-tuple, out_coord_key).
+    """
+    geom = kernel_size if isinstance(kernel_size, ConvGeometry) else ConvGeometry(
+        kernel_size, stride, dilation, padding, transposed, generative, rule)
+    out, out_stride, out_key, step, sign = output_coords(input, geom)
+    cache = input.cache
+    key = (input.coord_key, out_key, geom.kernel_size, geom.dilation, geom.padding, step, sign)
+    kmap = cache.kmaps.get(key)
+    if kmap is None:
+        reverse = cache.kmaps.get((out_key, input.coord_key, geom.kernel_size, geom.dilation, geom.padding,
+                                   step, -sign))
+        if reverse is not None:
+            kmap = reverse.swapped()
+        else:
+            kmap = build_kernel_map(input.coords, out, geom.kernel_size, geom.dilation, geom.padding, step, sign)
+        cache.kmaps[key] = kmap
+    return kmap, out, out_stride, out_key

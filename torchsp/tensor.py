@@ -1,0 +1,170 @@
+"""SparseTensor: features on a set of integer voxel coordinates, plus a shared cache.
+
+Every tensor derived from one input (by convolution, pooling, normalisation)
+shares that input's SparseCache: coordinate sets per stride, kernel maps per
+key, and the autotuner's choices.  So a MinkUNet builds each kernel map once
+per forward pass, and its backward pass and its transposed convolutions reuse
+them.  `coord_key` names how a coordinate set was derived (a hashable tuple),
+which is what kernel maps are keyed by: two tensors with equal keys in one
+cache have equal coordinates.
+"""
+
+import torch
+
+from .geometry import BATCH_MAX, COORD_MAX, COORD_MIN, pack_keys, triple
+
+
+class SparseCache:
+    """Per-input cache shared by every SparseTensor derived from it.
+
+    Attributes:
+        coords_by_stride: stride (3-tuple) -> (coords [N, 4] int32, coord_key); the first
+            coordinate set registered at a stride, which transposed convs return to.
+        kmaps: kernel-map key -> KernelMap (see torchsp.kmap).
+        tuning: group key -> tuned algorithm choices (see torchsp.tune).
+    """
+
+    def __init__(self):
+        self.coords_by_stride = {}
+        self.kmaps = {}
+        self.tuning = {}
+
+
+def _tracing():
+    if torch.jit.is_tracing() or torch.jit.is_scripting():
+        return True
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    return torch._dynamo.is_compiling()
+
+
+def check_coords_values(coords, stride):
+    """Raise ValueError for coordinates that are out of range, off the stride lattice, or duplicated."""
+    if coords.shape[0] == 0:
+        return
+    lo = coords.amin(dim=0).tolist()
+    hi = coords.amax(dim=0).tolist()
+    if lo[0] < 0 or hi[0] > BATCH_MAX:
+        raise ValueError(f"coords: batch index must be in [0, {BATCH_MAX}], got range [{lo[0]}, {hi[0]}]")
+    for a, name in ((1, "x"), (2, "y"), (3, "z")):
+        if lo[a] < COORD_MIN or hi[a] > COORD_MAX:
+            raise ValueError(
+                f"coords: {name} must be in [{COORD_MIN}, {COORD_MAX}], got range [{lo[a]}, {hi[a]}]"
+            )
+    if any(s > 1 for s in stride):
+        st = torch.tensor(stride, dtype=coords.dtype, device=coords.device)
+        if bool((torch.remainder(coords[:, 1:], st) != 0).any()):
+            raise ValueError(f"coords: coordinates of a tensor with stride {stride} must be multiples of it")
+    keys = torch.sort(pack_keys(coords)).values
+    if bool((keys[1:] == keys[:-1]).any()):
+        raise ValueError("coords: duplicate coordinates (each (batch, x, y, z) may appear once)")
+
+
+class SparseTensor:
+    """Features on sparse voxel coordinates.
+
+    Args:
+        feats: [N, C] floating-point tensor (fp32, fp16, bf16; fp64 on CPU).
+        coords: [N, 4] int32 tensor of (batch, x, y, z) at full resolution; a tensor of
+            stride t has coordinates that are multiples of t. Negative x, y, z are allowed.
+            Other integer dtypes are converted; floating-point coordinates are an error.
+        stride: int or 3-tuple, the tensor stride.
+        cache: the SparseCache to share (derived tensors); a new one by default.
+        coord_key: hashable name of the coordinate set (derived tensors).
+        check: validate values (range, lattice, duplicates). Skipped while tracing or
+            compiling; costs one sort and a host sync on CUDA.
+    """
+
+    def __init__(self, feats, coords, stride=1, *, cache=None, coord_key=None, check=True):
+        if not isinstance(feats, torch.Tensor):
+            raise TypeError(f"feats must be a torch.Tensor, got {type(feats).__name__}")
+        if not isinstance(coords, torch.Tensor):
+            raise TypeError(f"coords must be a torch.Tensor, got {type(coords).__name__}")
+        if feats.dim() != 2:
+            raise ValueError(f"feats must be [N, C], got shape {tuple(feats.shape)}")
+        if not feats.is_floating_point():
+            raise TypeError(f"feats must be a floating-point tensor, got {feats.dtype}")
+        if coords.dim() != 2 or coords.shape[1] != 4:
+            raise ValueError(
+                f"coords must be [N, 4] (batch, x, y, z), got shape {tuple(coords.shape)}"
+                + ("; add a batch column, e.g. with torchsp.sparse_collate" if coords.dim() == 2 and coords.shape[1] == 3 else "")
+            )
+        if coords.is_floating_point() or coords.dtype == torch.bool or coords.is_complex():
+            raise TypeError(f"coords must be an integer tensor (int32), got {coords.dtype}")
+        if feats.shape[0] != coords.shape[0]:
+            raise ValueError(f"feats has {feats.shape[0]} rows but coords has {coords.shape[0]}")
+        if feats.device != coords.device:
+            raise ValueError(f"feats is on {feats.device} but coords is on {coords.device}")
+        stride = triple(stride, "stride")
+        if coords.dtype != torch.int32:
+            if check and not _tracing() and coords.shape[0] > 0:
+                lo, hi = int(coords.min()), int(coords.max())
+                if lo < COORD_MIN or hi > COORD_MAX:
+                    raise ValueError(f"coords: values must be in [{COORD_MIN}, {COORD_MAX}], got [{lo}, {hi}]")
+            coords = coords.int()
+        coords = coords.contiguous()
+        if check and not _tracing():
+            check_coords_values(coords, stride)
+        self.feats = feats
+        self.coords = coords
+        self.stride = stride
+        self.coord_key = coord_key if coord_key is not None else ("input", stride)
+        if cache is None:
+            cache = SparseCache()
+            cache.coords_by_stride[stride] = (coords, self.coord_key)
+        self.cache = cache
+
+    @property
+    def shape(self):
+        return self.feats.shape
+
+    @property
+    def device(self):
+        return self.feats.device
+
+    @property
+    def dtype(self):
+        return self.feats.dtype
+
+    def replace(self, feats):
+        """A SparseTensor with new feats [N, C'] on the same coordinates and cache."""
+        if feats.shape[0] != self.feats.shape[0]:
+            raise ValueError(f"replace: feats has {feats.shape[0]} rows, expected {self.feats.shape[0]}")
+        return SparseTensor(feats, self.coords, self.stride, cache=self.cache,
+                            coord_key=self.coord_key, check=False)
+
+    def to(self, *args, **kwargs):
+        """Move or cast feats like Tensor.to; coords follow the device (a new cache on a new device)."""
+        feats = self.feats.to(*args, **kwargs)
+        if feats.device == self.coords.device:
+            return self.replace(feats)
+        return SparseTensor(feats, self.coords.to(feats.device), self.stride,
+                            coord_key=self.coord_key, check=False)
+
+    def cuda(self, device=None):
+        return self.to(torch.device("cuda") if device is None else device)
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def dense(self, spatial_shape=None, origin=None):
+        """Scatter into a dense [B, C, X, Y, Z] grid at this tensor's stride.
+
+        origin (3 ints, full resolution) defaults to the per-axis minimum coordinate;
+        spatial_shape defaults to the extent of the coordinates.
+        """
+        c = self.coords.long()
+        st = torch.tensor(self.stride, device=c.device)
+        org = c[:, 1:].amin(0) if origin is None else torch.tensor(origin, device=c.device)
+        idx = torch.div(c[:, 1:] - org, st, rounding_mode="floor")
+        if spatial_shape is None:
+            spatial_shape = (idx.amax(0) + 1).tolist() if c.shape[0] else [0, 0, 0]
+        b = int(c[:, 0].max()) + 1 if c.shape[0] else 0
+        out = self.feats.new_zeros((b, self.feats.shape[1], *spatial_shape))
+        out[c[:, 0], :, idx[:, 0], idx[:, 1], idx[:, 2]] = self.feats
+        return out
+
+    def __repr__(self):
+        return (f"SparseTensor(feats={tuple(self.feats.shape)} {self.feats.dtype}, stride={self.stride}, "
+                f"device={self.feats.device})")

@@ -1,0 +1,395 @@
+"""Group-based autotuner: per kernel-map group, choose and cache each pass's dataflow.
+
+No dataflow wins everywhere: output-stationary wins when rows have many
+neighbours, weight-stationary when maps are sparse, and the best tile or split
+depends on channels and rows (TorchSparse++, Spira).  So torchsp measures.
+
+- A *group* is the set of layers that share a kernel map (same map key in a
+  SparseCache).  Within a group, layers with the same channels and dtype share
+  one *signature*; the tuner measures each signature once, separately for
+  forward, dgrad and wgrad, on the real feature rows and map of that group,
+  and takes the fastest candidate whose output matches the reference
+  candidate (the first in the list) within tolerance.
+- Choices are cached in memory and on disk (a JSON file under
+  ~/.cache/torchsp/, or $TORCHSP_CACHE_DIR), keyed by device name, torchsp
+  version, dtype, channels, kernel, stride and a bucket of the map's
+  statistics (rows, mean neighbours per row).  Writers merge under a file
+  lock and replace the file atomically.
+- Modes ($TORCHSP_TUNE or set_mode()): "auto" tunes an unseen signature on its
+  first call (default on CUDA), "cache" only reads cached choices (default on
+  CPU), "off" always uses the default dataflow.  Nothing is measured while
+  torch.compile traces, while TorchScript traces, or while autograd records a
+  graph that would be perturbed: those read the cache.
+- With torch.use_deterministic_algorithms(True), only atomic-free candidates
+  are eligible.
+- Under torch.distributed, rank 0 measures and broadcasts its choice, so every
+  rank runs the same dataflows and a cold tune cannot stall a collective.
+
+    torchsp.tune.tune(model, inputs)     # explicit: run `model(*inputs)` once, tuning every group
+    python -m torchsp.tune               # print the cached choices
+"""
+
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+from .geometry import offset_l1
+
+DEFAULT = [0, 0, 0, 0]
+PASSES = ("fwd", "dgrad", "wgrad")
+
+# Candidate algorithms per device type and pass: [dataflow, tile, split, threshold].
+# The first is the reference each candidate is checked against.  Dataflow 1
+# (weight-stationary) on CUDA scatters with atomics: not deterministic.
+_CANDIDATES = {
+    "cpu": {"fwd": [[0, 0, 0, 0], [1, 0, 0, 0]], "dgrad": [[0, 0, 0, 0], [1, 0, 0, 0]],
+            "wgrad": [[0, 0, 0, 0]]},
+    "cuda": {"fwd": [[0, 0, 0, 0], [1, 0, 0, 0]], "dgrad": [[0, 0, 0, 0], [1, 0, 0, 0]],
+             "wgrad": [[0, 0, 0, 0]]},
+}
+_NONDETERMINISTIC = {"cpu": set(), "cuda": {1}}
+
+
+def candidates(device_type, pass_name, kernel_size=None, deterministic=False):
+    """Algorithms eligible for a pass on a device type (hybrid thresholds expanded per kernel)."""
+    out = [list(a) for a in _CANDIDATES.get(device_type, _CANDIDATES["cpu"])[pass_name]]
+    if device_type == "cuda" and kernel_size is not None and pass_name != "wgrad" and 2 in _hybrid_passes():
+        l1 = sorted(set(offset_l1(kernel_size, (1, 1, 1), tuple((k - 1) // 2 for k in kernel_size))))
+        out += [[2, 0, 0, t] for t in l1[1:]]
+    if deterministic:
+        out = [a for a in out if a[0] not in _NONDETERMINISTIC.get(device_type, set())]
+    return out
+
+
+def _hybrid_passes():
+    return set(int(v) for v in os.environ.get("TORCHSP_TUNE_DATAFLOWS", "0,1").split(","))
+
+
+def register_candidates(device_type, pass_name, algos, nondeterministic=()):
+    """Let a backend declare its candidates (e.g. CUDA tile sizes) for a pass."""
+    _CANDIDATES.setdefault(device_type, {})[pass_name] = [list(a) for a in algos]
+    _NONDETERMINISTIC.setdefault(device_type, set()).update(nondeterministic)
+
+
+# ------------------------------------------------------------------ state ---
+
+_state = {"mode": None, "choices": None, "verbose": True, "saved": []}
+
+
+def _version():
+    from . import _build_info
+    return _build_info.VERSION
+
+
+def cache_path():
+    root = os.environ.get("TORCHSP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "torchsp")
+    return os.path.join(root, "tune.json")
+
+
+def set_mode(mode):
+    """'auto', 'cache' or 'off' (see the module docstring)."""
+    if mode not in ("auto", "cache", "off"):
+        raise ValueError(f"tune mode must be 'auto', 'cache' or 'off', got {mode!r}")
+    _state["mode"] = mode
+
+
+def get_mode(device_type):
+    mode = _state["mode"] or os.environ.get("TORCHSP_TUNE")
+    if mode:
+        return mode
+    return "auto" if device_type == "cuda" else "cache"
+
+
+def _choices():
+    if _state["choices"] is None:
+        _state["choices"] = _load()
+    return _state["choices"]
+
+
+def _load():
+    try:
+        with open(cache_path()) as f:
+            data = json.load(f)
+        return dict(data.get("choices", {}))
+    except (OSError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def _locked(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "a+") as lock:
+        try:
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:  # not POSIX: last writer wins, the file is still never torn
+            pass
+        yield
+
+
+def save():
+    """Merge the in-memory choices into the on-disk cache (atomic replace under a lock)."""
+    path = cache_path()
+    with _locked(path):
+        merged = _load()
+        merged.update(_choices())
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tune.", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": 1, "choices": merged}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+
+
+def clear(memory_only=False):
+    """Forget cached choices (in memory; and on disk unless memory_only)."""
+    _state["choices"] = {}
+    if not memory_only:
+        with contextlib.suppress(OSError):
+            os.remove(cache_path())
+
+
+# ------------------------------------------------------------- signature ---
+
+def _bucket_rows(n):
+    return 0 if n <= 0 else int(round(math.log2(n) * 2))  # half-octaves
+
+
+def _device_name(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def _map_stats(kmap):
+    """(rows bucket, mean neighbours bucket), computed once per KernelMap (one host sync)."""
+    stats = getattr(kmap, "stats", None)
+    if stats is None:
+        rows = int(kmap.nbmap.shape[0])
+        mean_nb = float((kmap.nbmap >= 0).sum()) / max(rows, 1)
+        stats = kmap.stats = (f"r{_bucket_rows(rows)}", f"n{round(mean_nb * 2) / 2:g}")
+    return stats
+
+
+def static_signature(feats, geom, weight):
+    """The part of the key known without looking at data (what compiled code can use)."""
+    return _static_key(str(feats.device), str(feats.dtype), int(weight.shape[1]), int(weight.shape[2]),
+                       geom.kernel_size, geom.stride, geom.transposed)
+
+
+def _static_key(device, dtype, cin, cout, kernel_size, stride, transposed):
+    return "|".join(str(v) for v in (
+        _device_name(torch.device(device)), _version(), dtype.replace("torch.", ""), f"c{cin}x{cout}",
+        "k" + "x".join(map(str, kernel_size)), "s" + "x".join(map(str, stride)), "T" if transposed else "F"))
+
+
+def _assume_constant(fn):
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "assume_constant_result"):
+        return compiler.assume_constant_result(fn)
+    return torch._dynamo.assume_constant_result(fn)
+
+
+@_assume_constant
+def _static_choice(device, dtype, cin, cout, kernel_size, stride, transposed):
+    """Cached choice for a layer shape, as nested tuples (a constant to torch.compile), or None."""
+    device_type = device.split(":")[0]
+    if get_mode(device_type) == "off":
+        return None
+    hit = _choices().get(_static_key(device, dtype, cin, cout, kernel_size, stride, transposed))
+    return None if hit is None else tuple(tuple(hit[p]) for p in PASSES)
+
+
+def signature(feats, kmap, geom, weight):
+    """The cache key of one conv: a readable string, static part then map statistics."""
+    return static_signature(feats, geom, weight) + "|" + "|".join(_map_stats(kmap))
+
+
+def _busy():
+    if torch.jit.is_tracing() or torch.jit.is_scripting():
+        return True
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
+        return True
+    return False
+
+
+def _deterministic():
+    return torch.are_deterministic_algorithms_enabled()
+
+
+# ------------------------------------------------------------ measuring ---
+
+def _time_call(fn, device, repeat=5):
+    """Median seconds of fn() (CUDA events on GPU, perf_counter on CPU)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _close(a, b, dtype):
+    if not torch.isfinite(a).all():
+        return False
+    tol = {torch.float64: 1e-9, torch.float32: 2e-3}.get(dtype, 2e-2)
+    denom = b.double().norm().clamp_min(1e-12)
+    return float((a.double() - b.double()).norm() / denom) <= tol
+
+
+def _tune_pass(pass_name, run, device, dtype, algos):
+    """(best algo, its seconds, the default's seconds) among eligible algos."""
+    ref = run(algos[0])
+    best, best_t, default_t = algos[0], None, None
+    for a in algos:
+        try:
+            out = run(a)
+        except RuntimeError:
+            continue  # not supported for this shape: not eligible
+        if a is not algos[0] and not _close(out, ref, dtype):
+            continue
+        t = _time_call(lambda: run(a), device)
+        if a is algos[0]:
+            default_t = t
+        if best_t is None or t < best_t:
+            best, best_t = a, t
+    return best, best_t, default_t
+
+
+def _measure(feats, kmap, geom, weight):
+    device, dtype = feats.device, feats.dtype
+    x = feats.detach()
+    w = weight.detach()
+    g = torch.randn(kmap.nbmap.shape[0], w.shape[2], device=device, dtype=dtype)
+    det = _deterministic()
+    ops = torch.ops.torchsp
+    runs = {
+        "fwd": lambda a: ops.conv_fwd(x, w, kmap.nbmap, kmap.nbmap_t, a, DEFAULT, DEFAULT),
+        "dgrad": lambda a: ops.conv_dgrad(g, w, kmap.nbmap_t, a),
+        "wgrad": lambda a: ops.conv_wgrad(x, g, kmap.nbmap, a),
+    }
+    choice, saved = {}, 0.0
+    with torch.no_grad():
+        for p in PASSES:
+            algos = candidates(device.type, p, geom.kernel_size, det)
+            best, best_t, default_t = _tune_pass(p, runs[p], device, dtype, algos)
+            choice[p] = best
+            if best_t is not None and default_t is not None:
+                saved += default_t - best_t
+    return choice, saved
+
+
+def _broadcast(choice):
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [choice]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return choice
+
+
+def _is_rank0():
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def choose_algo(input, kmap, geom, weight, force=False):
+    """(fwd, dgrad, wgrad) algorithm lists for a conv, or None for the defaults.
+
+    Called by torchsp.functional.sparse_conv3d for every layer without a fixed algo.
+    """
+    feats = input.feats
+    if _busy():
+        # Compiling or tracing: no measuring and no data-dependent statistics; the choice
+        # last tuned for this layer shape is read, as a constant.
+        hit = _static_choice(str(feats.device), str(feats.dtype), int(weight.shape[1]), int(weight.shape[2]),
+                             geom.kernel_size, geom.stride, geom.transposed)
+        return None if hit is None else [list(hit[0]), list(hit[1]), list(hit[2])]
+    mode = "auto" if force else get_mode(feats.device.type)
+    if mode == "off" or (mode == "cache" and not _choices()):
+        return None
+    key = signature(feats, kmap, geom, weight)
+    hit = _choices().get(key)
+    if hit is not None:
+        return [hit["fwd"], hit["dgrad"], hit["wgrad"]]
+    if mode != "auto" or kmap.nbmap.shape[0] == 0:
+        return None
+    t0 = time.perf_counter()
+    if _state["verbose"]:
+        print(f"torchsp.tune: measuring {key}", file=sys.stderr, flush=True)
+    choice, saved = _measure(feats, kmap, geom, weight) if _is_rank0() else ({}, 0.0)
+    choice = _broadcast(choice)
+    entry = dict(choice, saved_us=round(saved * 1e6, 2), tuned_s=round(time.perf_counter() - t0, 3))
+    _choices()[key] = entry
+    _choices()[static_signature(feats, geom, weight)] = dict(choice)
+    _state["saved"].append((key, entry))
+    if _is_rank0():
+        with contextlib.suppress(OSError):
+            save()
+    return [choice["fwd"], choice["dgrad"], choice["wgrad"]]
+
+
+def tune(model, inputs, n_samples=1, verbose=True):
+    """Tune every conv group of `model` on real inputs; returns {signature: choice}.
+
+    Args:
+        model: a module whose forward takes `*inputs` (SparseTensors or tensors).
+        inputs: a tuple of inputs, or a list of such tuples (n_samples of them are used).
+        n_samples: how many of the given input tuples to run (each unseen signature is
+            measured on the first sample it appears in).
+    """
+    samples = inputs if isinstance(inputs, list) else [inputs]
+    old_mode, old_verbose = _state["mode"], _state["verbose"]
+    _state["mode"], _state["verbose"], _state["saved"] = "auto", verbose, []
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            for sample in samples[:max(1, n_samples)]:
+                model(*(sample if isinstance(sample, tuple) else (sample,)))
+    finally:
+        _state["mode"], _state["verbose"] = old_mode, old_verbose
+    tuned = dict(_state["saved"])
+    if verbose:
+        total = sum(e["saved_us"] for e in tuned.values())
+        print(f"torchsp.tune: {len(tuned)} signatures tuned in {time.perf_counter() - t0:.1f} s; "
+              f"estimated {total:.0f} us saved per step over the default dataflow", file=sys.stderr)
+        for k, e in tuned.items():
+            print(f"  {k}: fwd {e['fwd']} dgrad {e['dgrad']} wgrad {e['wgrad']} (saves {e['saved_us']} us)",
+                  file=sys.stderr)
+    return tuned
+
+
+def main(argv=None):
+    """python -m torchsp.tune [--clear]: print (or clear) the cached choices per group."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m torchsp.tune", description=main.__doc__)
+    ap.add_argument("--clear", action="store_true", help="delete the on-disk cache")
+    args = ap.parse_args(argv)
+    if args.clear:
+        clear()
+        print(f"cleared {cache_path()}")
+        return
+    choices = _load()
+    print(f"{cache_path()}: {len(choices)} cached choices")
+    for k in sorted(choices):
+        e = choices[k]
+        print(f"{k}\n    fwd {e['fwd']}  dgrad {e['dgrad']}  wgrad {e['wgrad']}  saved {e.get('saved_us', '?')} us")
+
+
+if __name__ == "__main__":
+    main()
