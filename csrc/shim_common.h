@@ -120,7 +120,7 @@ inline tsp_conv_problem fwd_problem(const at::Tensor &x, const at::Tensor &w, co
               " offsets but weight has ", w.size(0));
   TORCH_CHECK(nbmap_t.size(0) == x.size(0), op, ": nbmap_t has ", nbmap_t.size(0),
               " rows but x has ", x.size(0));
-  tsp_conv_problem p;
+  tsp_conv_problem p{};
   p.n_in = x.size(0);
   p.n_out = nbmap.size(0);
   p.c_in = w.size(1);
@@ -143,7 +143,7 @@ inline tsp_conv_problem dgrad_problem(const at::Tensor &dy, const at::Tensor &w,
               " channels but weight has ", w.size(2), " output channels");
   TORCH_CHECK(nbmap_t.size(1) == w.size(0), op, ": nbmap_t has ", nbmap_t.size(1),
               " offsets but weight has ", w.size(0));
-  tsp_conv_problem p;
+  tsp_conv_problem p{};
   p.n_in = nbmap_t.size(0);
   p.n_out = dy.size(0);
   p.c_in = w.size(1);
@@ -167,7 +167,7 @@ inline tsp_conv_problem wgrad_problem(const at::Tensor &x, const at::Tensor &dy,
   check_same_device(nbmap, "nbmap", x, "x", op);
   TORCH_CHECK(nbmap.size(0) == dy.size(0), op, ": nbmap has ", nbmap.size(0),
               " rows but dy has ", dy.size(0));
-  tsp_conv_problem p;
+  tsp_conv_problem p{};
   p.n_in = x.size(0);
   p.n_out = dy.size(0);
   p.c_in = x.size(1);

@@ -90,17 +90,21 @@ typedef enum {
 /* Dataflow of one convolution pass (forward, dgrad or wgrad). */
 typedef enum {
   TSP_DATAFLOW_OUTPUT_STATIONARY = 0, /* per output row, sum over offsets; no atomics */
-  TSP_DATAFLOW_WEIGHT_STATIONARY = 1, /* per offset, gather-GEMM-scatter over its pairs */
-  TSP_DATAFLOW_HYBRID = 2             /* offsets with L1 < threshold output-stationary, rest weight-stationary */
+  TSP_DATAFLOW_WEIGHT_STATIONARY = 1, /* per offset over its pairs: fetch-on-demand (gather, MMA, scatter-add fused) */
+  TSP_DATAFLOW_HYBRID = 2,            /* offsets with L1 < threshold output-stationary, rest weight-stationary */
+  TSP_DATAFLOW_GATHER_SCATTER = 3     /* weight-stationary: gather, GEMM over batched offsets, scatter-add */
 } tsp_dataflow;
 
 /* A pass's algorithm choice: what the autotuner picks and caches.  The int[]
-** argument of the conv ops is these four numbers in this order. */
+** argument of the conv ops is these four numbers in this order.  A backend
+** serves a dataflow it lacks with output-stationary (same result); with
+** deterministic algorithms on, the Python layer asks for atomic-free ones
+** (output-stationary; wgrad is always deterministic unless split < 0). */
 typedef struct {
   int32_t dataflow;  /* tsp_dataflow */
-  int32_t tile;      /* rows per block (CUDA); 0 = kernel's default */
-  int32_t split;     /* split-K factor (offsets or rows); 0 or 1 = none */
-  int32_t threshold; /* hybrid: L1-norm threshold t in units of the kernel grid */
+  int32_t tile;      /* kernel configuration (CUDA: tile shape index); 0 = the kernel's default */
+  int32_t split;     /* split-K factor: offsets (output-stationary) or rows (wgrad); 0 or 1 = none */
+  int32_t threshold; /* hybrid: L1-norm threshold t; output-stationary: -1 = ignore row order (unsorted) */
 } tsp_algo;
 
 /* Sizes of one convolution.  Forward: x [n_in, c_in] -> y [n_out, c_out].
@@ -113,7 +117,26 @@ typedef struct {
   int64_t volume;  /* V, columns of nbmap and nbmap_t */
   tsp_dtype dtype; /* of features, weight and gradients (all the same) */
   tsp_algo algo;
+  /* Optional kernel-map data for the fast CUDA dataflows; NULL when absent
+  ** (a zero-initialised problem is the plain output-stationary call).  The
+  ** CPU kernels read none of it.  Device pointers unless marked host. */
+  const int32_t *nbmap_fwd; /* [n_out, V] forward map (dgrad weight-stationary reads it) */
+  const int32_t *order;     /* [n_out] nbmap rows sorted by neighbour mask (tsp_kernel_map_meta) */
+  const int32_t *order_t;   /* [n_in] nbmap_t rows sorted by neighbour mask */
+  const int32_t *pairs;     /* [V, n_out] per offset k: the counts[k] rows q with nbmap[q,k] >= 0, ascending */
+  const int32_t *counts;    /* [V] */
+  const int32_t *offset_l1; /* host [V]: L1 norm of offset k in kernel-grid units (hybrid split); NULL: none */
 } tsp_conv_problem;
+
+/* Kernel-map metadata, built once per map and cached with it:
+**   order [n_rows]: a permutation of the rows, sorted (stably) by each row's
+**     neighbour mask (bit k set when map[r, k] >= 0; V <= 64, else identity),
+**     so that a tile of consecutive rows in this order shares its offsets;
+**   pairs [V, n_rows] (when with_pairs): row k starts with the counts[k] rows r
+**     with map[r, k] >= 0, ascending; the rest is unspecified;
+**   counts [V]. */
+tsp_status tsp_kernel_map_meta_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
+                                   int32_t *order, int32_t *pairs, int32_t *counts);
 
 /* ------------------------------------------------------------------ CPU --- */
 
@@ -176,6 +199,13 @@ tsp_status tsp_kernel_map_cuda(const tsp_kernel *kern, tsp_kmap_method method,
                                const int32_t *in_coords, int64_t n_in, const int32_t *out_coords,
                                int64_t n_out, int32_t *nbmap, void *workspace,
                                size_t workspace_bytes, tsp_cuda_stream stream);
+
+/* Kernel-map metadata (see tsp_kernel_map_meta_cpu); pairs may be NULL. */
+size_t tsp_kernel_map_meta_cuda_workspace(int64_t n_rows, int64_t volume);
+tsp_status tsp_kernel_map_meta_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
+                                    int32_t *order, int32_t *pairs, int32_t *counts,
+                                    void *workspace, size_t workspace_bytes,
+                                    tsp_cuda_stream stream);
 
 /* nbmap_t [n_in, V] from nbmap; entries outside [0, n_in) are ignored. */
 tsp_status tsp_kernel_map_transpose_cuda(const int32_t *nbmap, int64_t n_out, int64_t volume,
