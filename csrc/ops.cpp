@@ -21,11 +21,13 @@ TORCH_LIBRARY(torchsp, m) {
       "int[] padding, int[] step, int sign, int method) -> Tensor",
       tags);
   m.def("kernel_map_transpose(Tensor nbmap, Tensor in_coords) -> Tensor", tags);
+  m.def("mask_order(Tensor nbmap) -> Tensor", tags);
   m.def(
       "conv_fwd(Tensor x, Tensor weight, Tensor nbmap, Tensor nbmap_t, int[] fwd_algo, "
-      "int[] dgrad_algo, int[] wgrad_algo) -> Tensor",
+      "int[] dgrad_algo, int[] wgrad_algo, Tensor? order=None, Tensor? order_t=None) -> Tensor",
       tags);
-  m.def("conv_dgrad(Tensor dy, Tensor weight, Tensor nbmap_t, int[] algo) -> Tensor", tags);
+  m.def("conv_dgrad(Tensor dy, Tensor weight, Tensor nbmap_t, int[] algo, Tensor? order_t=None) -> Tensor",
+        tags);
   m.def("conv_wgrad(Tensor x, Tensor dy, Tensor nbmap, int[] algo) -> Tensor", tags);
 }
 

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,30 @@ inline void check_map(const at::Tensor &m, const char *op, const char *arg) {
   TORCH_CHECK(m.dim() == 2, op, ": ", arg, " must be [N, V], got shape ", m.sizes());
   TORCH_CHECK(m.scalar_type() == at::kInt, op, ": ", arg, " must be int32, got ",
               m.scalar_type());
+}
+
+/* An optional row order (tsp_conv_problem.order): int32 [rows] beside `ref`.
+** Its values are not read here (that would synchronise); the kernels skip
+** entries outside [0, rows). */
+inline void check_order(const std::optional<at::Tensor> &o, int64_t rows, const at::Tensor &ref,
+                        const char *op, const char *arg) {
+  if (!o.has_value() || !o->defined()) return;
+  TORCH_CHECK(o->dim() == 1 && o->size(0) == rows, op, ": ", arg, " must be [", rows,
+              "] (one entry per map row), got shape ", o->sizes());
+  TORCH_CHECK(o->scalar_type() == at::kInt, op, ": ", arg, " must be int32, got ",
+              o->scalar_type());
+  TORCH_CHECK(o->device() == ref.device(), op, ": ", arg, " is on ", o->device(), " but the map is on ",
+              ref.device());
+}
+
+/* mask_order's map: int32 [N, V] with V <= TSP_MASK_ORDER_MAX_VOLUME. */
+inline void check_mask_order_map(const at::Tensor &m, const char *op) {
+  check_map(m, op, "nbmap");
+  TORCH_CHECK(m.size(1) >= 1 && m.size(1) <= TSP_MASK_ORDER_MAX_VOLUME, op,
+              ": nbmap must have 1 to ", static_cast<int>(TSP_MASK_ORDER_MAX_VOLUME),
+              " offsets (one bit each in the sort key), got ", m.size(1));
+  TORCH_CHECK(m.size(0) < (int64_t(1) << 31) - 1, op, ": nbmap has more rows than int32 can index: ",
+              m.size(0));
 }
 
 inline void check_same_device(const at::Tensor &a, const char *an, const at::Tensor &b,

@@ -89,11 +89,16 @@ at::ScalarType compute_type(at::ScalarType t) {
 
 at::Tensor conv_fwd_cpu(const at::Tensor &x_, const at::Tensor &w_, const at::Tensor &nbmap_,
                         const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
-                        c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo) {
+                        c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
+                        const std::optional<at::Tensor> &order,
+                        const std::optional<at::Tensor> &order_t) {
   const char *op = "torchsp.conv_fwd";
   tsp_conv_problem p = fwd_problem(x_, w_, nbmap_, nbmap_t, fwd_algo, op);
   make_algo(dgrad_algo, op, "dgrad_algo");
   make_algo(wgrad_algo, op, "wgrad_algo");
+  /* Row orders only steer the CUDA tiles; checked here so both devices agree. */
+  check_order(order, p.n_out, nbmap_, op, "order");
+  check_order(order_t, p.n_in, nbmap_, op, "order_t");
   const at::ScalarType ct = compute_type(x_.scalar_type());
   at::Tensor x = x_.to(ct).contiguous(), w = w_.to(ct).contiguous();
   at::Tensor nbmap = nbmap_.contiguous();
@@ -112,9 +117,11 @@ at::Tensor conv_fwd_cpu(const at::Tensor &x_, const at::Tensor &w_, const at::Te
 }
 
 at::Tensor conv_dgrad_cpu(const at::Tensor &dy_, const at::Tensor &w_,
-                          const at::Tensor &nbmap_t_, c10::IntArrayRef algo) {
+                          const at::Tensor &nbmap_t_, c10::IntArrayRef algo,
+                          const std::optional<at::Tensor> &order_t) {
   const char *op = "torchsp.conv_dgrad";
   tsp_conv_problem p = dgrad_problem(dy_, w_, nbmap_t_, algo, op);
+  check_order(order_t, p.n_in, nbmap_t_, op, "order_t");
   const at::ScalarType ct = compute_type(dy_.scalar_type());
   at::Tensor dy = dy_.to(ct).contiguous(), w = w_.to(ct).contiguous();
   at::Tensor nbmap_t = nbmap_t_.contiguous();
@@ -155,7 +162,19 @@ at::Tensor conv_wgrad_cpu(const at::Tensor &x_, const at::Tensor &dy_, const at:
 
 }  // namespace
 
+at::Tensor mask_order_cpu(const at::Tensor &nbmap_) {
+  const char *op = "torchsp.mask_order";
+  check_mask_order_map(nbmap_, op);
+  at::Tensor nbmap = nbmap_.contiguous();
+  at::Tensor order = at::empty({nbmap.size(0)}, nbmap.options());
+  check_status(tsp_mask_order_cpu(nbmap.data_ptr<int32_t>(), nbmap.size(0), nbmap.size(1),
+                                  order.data_ptr<int32_t>()),
+               op);
+  return order;
+}
+
 TORCH_LIBRARY_IMPL(torchsp, CPU, m) {
+  m.impl("mask_order", &mask_order_cpu);
   m.impl("out_coords", &out_coords_cpu);
   m.impl("kernel_map", &kernel_map_cpu);
   m.impl("kernel_map_transpose", &kernel_map_transpose_cpu);

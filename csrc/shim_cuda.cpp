@@ -116,14 +116,23 @@ void check_cuda_dtype(const at::Tensor &t, const char *op, const char *arg) {
 
 at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::Tensor &nbmap_,
                          const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
-                         c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo) {
+                         c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
+                         const std::optional<at::Tensor> &order_,
+                         const std::optional<at::Tensor> &order_t) {
   const char *op = "torchsp.conv_fwd";
   tsp_conv_problem p = fwd_problem(x_, w_, nbmap_, nbmap_t, fwd_algo, op);
   make_algo(dgrad_algo, op, "dgrad_algo");
   make_algo(wgrad_algo, op, "wgrad_algo");
+  check_order(order_, p.n_out, nbmap_, op, "order");
+  check_order(order_t, p.n_in, nbmap_, op, "order_t");
   check_cuda_dtype(x_, op, "x");
   c10::cuda::CUDAGuard guard(x_.device());
   at::Tensor x = x_.contiguous(), w = w_.contiguous(), nbmap = nbmap_.contiguous();
+  at::Tensor order;
+  if (order_.has_value() && order_->defined()) {
+    order = order_->contiguous();
+    p.order = order.data_ptr<int32_t>();
+  }
   at::Tensor y = at::empty({p.n_out, p.c_out}, x.options());
   if (p.n_out == 0 || p.c_out == 0) return y;
   if (p.n_in == 0 || p.c_in == 0 || p.volume == 0) return y.zero_();
@@ -136,12 +145,19 @@ at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::T
 }
 
 at::Tensor conv_dgrad_cuda(const at::Tensor &dy_, const at::Tensor &w_,
-                           const at::Tensor &nbmap_t_, c10::IntArrayRef algo) {
+                           const at::Tensor &nbmap_t_, c10::IntArrayRef algo,
+                           const std::optional<at::Tensor> &order_t_) {
   const char *op = "torchsp.conv_dgrad";
   tsp_conv_problem p = dgrad_problem(dy_, w_, nbmap_t_, algo, op);
+  check_order(order_t_, p.n_in, nbmap_t_, op, "order_t");
   check_cuda_dtype(dy_, op, "dy");
   c10::cuda::CUDAGuard guard(dy_.device());
   at::Tensor dy = dy_.contiguous(), w = w_.contiguous(), nbmap_t = nbmap_t_.contiguous();
+  at::Tensor order_t;
+  if (order_t_.has_value() && order_t_->defined()) {
+    order_t = order_t_->contiguous();
+    p.order_t = order_t.data_ptr<int32_t>();
+  }
   at::Tensor dx = at::empty({p.n_in, p.c_in}, dy.options());
   if (p.n_in == 0 || p.c_in == 0) return dx;
   if (p.n_out == 0 || p.c_out == 0 || p.volume == 0) return dx.zero_();
@@ -173,7 +189,26 @@ at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at
 
 }  // namespace
 
+at::Tensor mask_order_cuda(const at::Tensor &nbmap_) {
+  const char *op = "torchsp.mask_order";
+  check_mask_order_map(nbmap_, op);
+  c10::cuda::CUDAGuard guard(nbmap_.device());
+  at::Tensor nbmap = nbmap_.contiguous();
+  const int64_t n = nbmap.size(0), v = nbmap.size(1);
+  at::Tensor order = at::empty({n}, nbmap.options());
+  if (n == 0) return order;
+  const size_t bytes = tsp_mask_order_cuda_workspace(n, v);
+  TORCH_CHECK(bytes > 0, op, ": could not size the sort workspace for ", n, " rows");
+  at::Tensor ws = workspace(bytes, nbmap);
+  check_status(tsp_mask_order_cuda(nbmap.data_ptr<int32_t>(), n, v, order.data_ptr<int32_t>(),
+                                   ws.data_ptr(), static_cast<size_t>(ws.numel()),
+                                   current_stream()),
+               op);
+  return order;
+}
+
 TORCH_LIBRARY_IMPL(torchsp, CUDA, m) {
+  m.impl("mask_order", &mask_order_cuda);
   m.impl("out_coords", &out_coords_cuda);
   m.impl("kernel_map", &kernel_map_cuda);
   m.impl("kernel_map_transpose", &kernel_map_transpose_cuda);

@@ -90,9 +90,8 @@ typedef enum {
 /* Dataflow of one convolution pass (forward, dgrad or wgrad). */
 typedef enum {
   TSP_DATAFLOW_OUTPUT_STATIONARY = 0, /* per output row, sum over offsets; no atomics */
-  TSP_DATAFLOW_WEIGHT_STATIONARY = 1, /* per offset over its pairs: fetch-on-demand (gather, MMA, scatter-add fused) */
-  TSP_DATAFLOW_HYBRID = 2,            /* offsets with L1 < threshold output-stationary, rest weight-stationary */
-  TSP_DATAFLOW_GATHER_SCATTER = 3     /* weight-stationary: gather, GEMM over batched offsets, scatter-add */
+  TSP_DATAFLOW_WEIGHT_STATIONARY = 1, /* per offset over its pairs (reserved: served as 0 for now) */
+  TSP_DATAFLOW_HYBRID = 2             /* offsets with L1 < threshold OS, rest WS (reserved: served as 0) */
 } tsp_dataflow;
 
 /* A pass's algorithm choice: what the autotuner picks and caches.  The int[]
@@ -117,28 +116,23 @@ typedef struct {
   int64_t volume;  /* V, columns of nbmap and nbmap_t */
   tsp_dtype dtype; /* of features, weight and gradients (all the same) */
   tsp_algo algo;
-  /* Optional kernel-map data for the fast CUDA dataflows; NULL when absent
-  ** (a zero-initialised problem is the plain output-stationary call).  The
-  ** CPU kernels read none of it.  Device pointers unless marked host. */
-  const int32_t *nbmap_fwd; /* [n_out, V] forward map (dgrad weight-stationary reads it) */
-  const int32_t *order;     /* [n_out] nbmap rows sorted by neighbour mask (tsp_kernel_map_meta) */
-  const int32_t *order_t;   /* [n_in] nbmap_t rows sorted by neighbour mask */
-  const int32_t *pairs;     /* [V, n_out] per offset k: the counts[k] rows q with nbmap[q,k] >= 0, ascending */
-  const int32_t *counts;    /* [V] */
-  const int32_t *offset_l1; /* host [V]: L1 norm of offset k in kernel-grid units (hybrid split); NULL: none */
+  /* Optional row orders of the maps for the CUDA output-stationary kernels;
+  ** NULL when absent (a zero-initialised problem is the plain call).  Each is
+  ** a permutation of its map's rows sorted by neighbour mask (torchsp/kmap.py
+  ** builds them with torch.sort), so that a tile of consecutive rows in this
+  ** order shares its offsets; entries outside [0, rows) are skipped.  The CPU
+  ** kernels and algo.threshold == -1 ignore them.  Device pointers. */
+  const int32_t *order;   /* [n_out] order of nbmap's rows (forward) */
+  const int32_t *order_t; /* [n_in] order of nbmap_t's rows (dgrad) */
 } tsp_conv_problem;
 
-/* Kernel-map metadata, built once per map and cached with it:
-**   order [n_rows]: a permutation of the rows, sorted (stably) by each row's
-**     neighbour mask (bit k set when map[r, k] >= 0; V <= 64, else identity),
-**     so that a tile of consecutive rows in this order shares its offsets;
-**   pairs [V, n_rows] (when with_pairs): row k starts with the counts[k] rows r
-**     with map[r, k] >= 0, ascending; the rest is unspecified;
-**   counts [V]. */
-tsp_status tsp_kernel_map_meta_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
-                                   int32_t *order, int32_t *pairs, int32_t *counts);
+/* Row order of a kernel map [n_rows, V] for tsp_conv_problem.order: the rows
+** stably sorted by neighbour mask (bit k set when map[r, k] >= 0), V <= 63. */
+enum { TSP_MASK_ORDER_MAX_VOLUME = 63 };
 
 /* ------------------------------------------------------------------ CPU --- */
+
+tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume, int32_t *order);
 
 /* Pack n coordinates [n, 4] into keys; TSP_ERR_RANGE if any cannot be packed. */
 tsp_status tsp_pack_keys_cpu(const int32_t *coords, int64_t n, int64_t *keys);
@@ -200,12 +194,10 @@ tsp_status tsp_kernel_map_cuda(const tsp_kernel *kern, tsp_kmap_method method,
                                int64_t n_out, int32_t *nbmap, void *workspace,
                                size_t workspace_bytes, tsp_cuda_stream stream);
 
-/* Kernel-map metadata (see tsp_kernel_map_meta_cpu); pairs may be NULL. */
-size_t tsp_kernel_map_meta_cuda_workspace(int64_t n_rows, int64_t volume);
-tsp_status tsp_kernel_map_meta_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
-                                    int32_t *order, int32_t *pairs, int32_t *counts,
-                                    void *workspace, size_t workspace_bytes,
-                                    tsp_cuda_stream stream);
+/* tsp_mask_order_cpu on the GPU (CUB radix sort over the low V bits). */
+size_t tsp_mask_order_cuda_workspace(int64_t n_rows, int64_t volume);
+tsp_status tsp_mask_order_cuda(const int32_t *map, int64_t n_rows, int64_t volume, int32_t *order,
+                               void *workspace, size_t workspace_bytes, tsp_cuda_stream stream);
 
 /* nbmap_t [n_in, V] from nbmap; entries outside [0, n_in) are ignored. */
 tsp_status tsp_kernel_map_transpose_cuda(const int32_t *nbmap, int64_t n_out, int64_t volume,

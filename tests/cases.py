@@ -127,11 +127,13 @@ def build(case, cin=3, device="cpu", dtype=torch.float64, seed=0, n=None, span=N
     coords = coords.to(device)
     if case.transposed and not case.generative:
         t_fine = tuple(a // b for a, b in zip(ref.triple(case.in_stride), ref.triple(case.stride)))
-        fine = torchsp.SparseTensor(randn(coords.shape[0], 1, seed=seed + 1, dtype=dtype, device=device),
+        # Only the coarse coordinates are kept: float32 where the device has no float64 kernels.
+        dt = dtype if torch.device(device).type == "cpu" else torch.float32
+        fine = torchsp.SparseTensor(randn(coords.shape[0], 1, seed=seed + 1, dtype=dt, device=device),
                                     coords, t_fine)
         kd, rule = case.down
         v = ref.triple(kd)[0] * ref.triple(kd)[1] * ref.triple(kd)[2]
-        w = randn(v, 1, cin, seed=seed + 2, dtype=dtype, device=device)
+        w = randn(v, 1, cin, seed=seed + 2, dtype=dt, device=device)
         coarse = torchsp.functional.sparse_conv3d(fine, w, kd, stride=case.stride, rule=rule)
         assert coarse.stride == ref.triple(case.in_stride)
         x = coarse.replace(randn(coarse.coords.shape[0], cin, seed=seed + 3, dtype=dtype, device=device))

@@ -17,7 +17,10 @@ import pytest
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+# ../shared/data beside the checkout; <repo>/shared/data where only the checkout travels (GPU runs).
+SHARED_DATA = next((d for d in (os.path.join(os.path.dirname(REPO), "shared", "data"),
+                                os.path.join(REPO, "shared", "data")) if os.path.isdir(d)),
+                   os.path.join(os.path.dirname(REPO), "shared", "data"))
 BUNDLED_LIDAR = os.path.join(REPO, "torchsp", "data", "lidar_198k.npz")
 
 # Keep the autotuner's on-disk cache out of the user's home during the suite.

@@ -49,8 +49,7 @@ def offsets(kernel, dilation, padding, step, sign=1):
 
 
 def kernel_map(in_coords, out_coords, kernel, dilation, padding, step, sign=1):
-    """int64 [N_out, V]: row of in_coords equal to out_coords[q] + delta_k, or -1."""
-    dev = in_coords.device
+    """int64 [N_out, V] on the CPU: row of in_coords equal to out_coords[q] + delta_k, or -1."""
     inp = in_coords.long().cpu()
     out = out_coords.long().cpu()
     delta = offsets(kernel, dilation, padding, step, sign)
@@ -59,12 +58,12 @@ def kernel_map(in_coords, out_coords, kernel, dilation, padding, step, sign=1):
     queries = (out[:, None, :] + shift[None]).reshape(-1, 4)
     rows = torch.cat([inp, queries], 0)
     if rows.shape[0] == 0:
-        return torch.empty(out.shape[0], v, dtype=torch.int64, device=dev)
+        return torch.empty(out.shape[0], v, dtype=torch.int64)
     uniq, inv = torch.unique(rows, dim=0, return_inverse=True)
     assert torch.unique(inv[: inp.shape[0]]).numel() == inp.shape[0], "input coordinates are not unique"
     lookup = torch.full((uniq.shape[0],), -1, dtype=torch.int64)
     lookup[inv[: inp.shape[0]]] = torch.arange(inp.shape[0])
-    return lookup[inv[inp.shape[0]:]].reshape(out.shape[0], v).to(dev)
+    return lookup[inv[inp.shape[0]:]].reshape(out.shape[0], v)
 
 
 def kernel_map_dict(in_coords, out_coords, kernel, dilation, padding, step, sign=1):

@@ -39,8 +39,8 @@ class Chain(torch.nn.Module):
 
 def chain_reference(model, feats, coords):
     """The same chain with the dense float64 reference and the reference output coordinates."""
-    w = lambda m: m.weight.detach().double()  # noqa: E731
-    b = lambda m: m.bias.detach().double()  # noqa: E731
+    w = lambda m: m.weight.detach().double().cpu()  # noqa: E731
+    b = lambda m: m.bias.detach().double().cpu()  # noqa: E731
     y = torch.relu(ref.dense_conv(feats, coords, 1, w(model.sub), (3, 3, 3), coords, bias=b(model.sub)))
     down = ref.active_sites(coords, 1, (2, 2, 2), 2)
     y = ref.dense_conv(y, coords, 1, w(model.down), (2, 2, 2), down, stride=2)

@@ -13,6 +13,7 @@ from torch import nn
 
 import torchsp
 import torchsp.nn as spnn
+from conftest import random_coords, randn, rel_err
 
 SPAN = 7       # coordinates in [MARGIN, MARGIN + SPAN)
 MARGIN = 4
@@ -308,3 +309,20 @@ def test_jit_trace_runs_on_other_sizes():
         y = make_input(seed=seed, n=200, batches=batches, dtype=torch.float32)
         for a, b in zip(traced(y.feats, y.coords), net(y.feats, y.coords)):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("amp", [torch.bfloat16, torch.float16])
+def test_conv_under_autocast(amp, device):
+    """Under torch.autocast a SparseConv3d computes in the autocast dtype (like nn.Conv3d), and its
+    gradients reach the fp32 parameters; values match the fp32 layer within the dtype's precision."""
+    import torchsp
+    c = random_coords(300, span=4, seed=11).to(device)
+    x = torchsp.SparseTensor(randn(c.shape[0], 8, dtype=torch.float32, device=device, seed=1), c)
+    conv = torchsp.nn.SparseConv3d(8, 16, 3).to(device)
+    want = conv(x).feats
+    with torch.autocast(device, dtype=amp):
+        y = conv(x)
+    assert y.feats.dtype == amp
+    assert rel_err(y.feats.float(), want) < 3e-2
+    y.feats.float().sum().backward()
+    assert conv.weight.grad is not None and conv.weight.grad.dtype == torch.float32

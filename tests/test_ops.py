@@ -70,6 +70,8 @@ def test_opcheck_conv_fwd(requires_grad, device):
     x = randn(c.shape[0], 5, dtype=dt, device=device).requires_grad_(requires_grad)
     w = randn(27, 5, 6, dtype=dt, device=device).requires_grad_(requires_grad)
     _opcheck(ops.conv_fwd.default, (x, w, nbmap, nbmap_t, ALGO, ALGO, ALGO))
+    order, order_t = torchsp.kmap.mask_order(nbmap), torchsp.kmap.mask_order(nbmap_t)
+    _opcheck(ops.conv_fwd.default, (x, w, nbmap, nbmap_t, ALGO, ALGO, ALGO, order, order_t))
 
 
 def test_opcheck_conv_dgrad_wgrad(device):
@@ -79,6 +81,7 @@ def test_opcheck_conv_dgrad_wgrad(device):
     w = randn(27, 5, 6, dtype=dt, device=device)
     dy = randn(out.shape[0], 6, dtype=dt, device=device, seed=3)
     _opcheck(ops.conv_dgrad.default, (dy, w, nbmap_t, ALGO))
+    _opcheck(ops.conv_dgrad.default, (dy, w, nbmap_t, ALGO, torchsp.kmap.mask_order(nbmap_t)))
     _opcheck(ops.conv_wgrad.default, (x, dy, nbmap, ALGO))
 
 
@@ -146,3 +149,60 @@ def test_sparse_conv3d_algo_argument(device):
             assert any(s in str(e).lower() for s in ("dataflow", "algo", "unsupported", "not supported")), str(e)
             continue
         assert rel_err(y, base) <= (1e-12 if dt == torch.float64 else 1e-4)
+
+
+# ------------------------------------------------------- mask-sorted row order ---
+
+def test_mask_order_is_sorted_permutation(device):
+    """kmap.mask_order: a permutation whose neighbour masks are non-decreasing, ties in map order."""
+    _, _, nbmap, _ = _maps(device, n=400, seed=5)
+    order = torchsp.kmap.mask_order(nbmap)
+    assert order.dtype == torch.int32 and order.device == nbmap.device
+    o = order.cpu().long()
+    assert torch.equal(torch.sort(o).values, torch.arange(nbmap.shape[0]))
+    bits = (nbmap.cpu() >= 0).long()
+    mask = (bits * (1 << torch.arange(nbmap.shape[1]))).sum(1)[o]
+    assert bool((mask[1:] >= mask[:-1]).all())
+    same = mask[1:] == mask[:-1]
+    assert bool((o[1:][same] > o[:-1][same]).all())  # stable
+    torch.library.opcheck(torch.ops.torchsp.mask_order.default, (nbmap,))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cin,cout", [(16, 32), (72, 136)])
+def test_row_order_any_permutation(dtype, cin, cout):
+    """Tensor-core fwd/dgrad walk rows in `order`: mask order, a random permutation, map order
+    (None) and threshold -1 all match the fp64 gather reference."""
+    c, out, nbmap, nbmap_t = _maps("cuda", n=3000, seed=6)
+    x = randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1)
+    w = randn(27, cin, cout, dtype=dtype, device="cuda", seed=2, scale=0.2)
+    dy = randn(out.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+    want_y = ref.gather_conv(x.cpu(), nbmap.cpu().long(), w.cpu())
+    want_dx = ref.gather_conv(dy.cpu(), nbmap_t.cpu().long(), w.cpu().transpose(1, 2))
+    g = torch.Generator().manual_seed(0)
+    orders = {
+        "mask": (torchsp.kmap.mask_order(nbmap), torchsp.kmap.mask_order(nbmap_t)),
+        "random": (torch.randperm(nbmap.shape[0], generator=g).int().cuda(),
+                   torch.randperm(nbmap_t.shape[0], generator=g).int().cuda()),
+        "none": (None, None),
+    }
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    for name, (o, ot) in orders.items():
+        for a in ([0, 0, 0, 0], [0, 0, 0, -1]):
+            y = ops.conv_fwd(x, w, nbmap, nbmap_t, a, a, a, o, ot)
+            assert rel_err(y, want_y) <= tol, (name, a)
+            dx = ops.conv_dgrad(dy, w, nbmap_t, a, ot)
+            assert rel_err(dx, want_dx) <= tol, (name, a)
+
+
+def test_row_order_bad_shape(device):
+    _, _, nbmap, nbmap_t = _maps(device, n=100, seed=7)
+    x = randn(nbmap_t.shape[0], 8, dtype=_dtype(device), device=device)
+    w = randn(27, 8, 8, dtype=_dtype(device), device=device)
+    with pytest.raises(RuntimeError, match="order"):
+        ops.conv_fwd(x, w, nbmap, nbmap_t, ALGO, ALGO, ALGO,
+                     torch.zeros(nbmap.shape[0] + 1, dtype=torch.int32, device=device), None)
+    with pytest.raises(RuntimeError, match="order_t.*int32"):
+        ops.conv_dgrad(torch.zeros(nbmap.shape[0], 8, dtype=_dtype(device), device=device), w, nbmap_t, ALGO,
+                       torch.zeros(nbmap_t.shape[0], dtype=torch.int64, device=device))

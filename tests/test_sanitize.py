@@ -27,6 +27,7 @@ def test_maps_and_conv(method, kernel, stride):
     coords = _coords(700, seed=kernel * 10 + stride)
     feats = torch.randn(coords.shape[0], 24, dtype=torch.float64)
     w = torch.randn(kernel ** 3, 24, 40, dtype=torch.float64)
+    saved = torchsp.kmap.DEFAULT_METHOD
     torchsp.kmap.DEFAULT_METHOD = method
     try:
         ref = torchsp.functional.sparse_conv3d(torchsp.SparseTensor(feats, coords), w, kernel, stride=stride,
@@ -39,7 +40,7 @@ def test_maps_and_conv(method, kernel, stride):
             err = (y.feats.double().cpu() - ref.feats).norm() / ref.feats.norm()
             assert err < tol, (dtype, float(err))
     finally:
-        torchsp.kmap.DEFAULT_METHOD = 0
+        torchsp.kmap.DEFAULT_METHOD = saved
 
 
 def test_backward_passes():
@@ -48,8 +49,9 @@ def test_backward_passes():
     w = torch.randn(27, 16, 32, dtype=torch.float64)
     outs = []
     for dev in ("cpu", "cuda"):
-        f = feats.to(dev, torch.float32 if dev == "cuda" else torch.float64).requires_grad_()
-        ww = w.to(dev, f.dtype).requires_grad_()
+        # detach: .to() returns feats itself on cpu/float64, which must stay a plain tensor
+        f = feats.to(dev, torch.float32 if dev == "cuda" else torch.float64).detach().clone().requires_grad_()
+        ww = w.to(dev, f.dtype).detach().clone().requires_grad_()
         y = torchsp.functional.sparse_conv3d(torchsp.SparseTensor(f, coords.to(dev)), ww, 3, algo=[0, 0, 0, 0])
         g = torch.linspace(-1, 1, y.feats.numel(), dtype=torch.float64).reshape(y.feats.shape)
         y.feats.backward(g.to(dev, f.dtype))

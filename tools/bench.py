@@ -14,7 +14,8 @@ Python call a user makes, median of --iters after --warmup:
 Floor of a phase: max(F / PEAK, B / 3.0 TB/s), F = 2 * pairs * Cin * Cout (x3 for fwd+bwd),
 B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * N_out * V (x3 for fwd+bwd), e = element size,
 pairs = nbmap entries >= 0, PEAK = 790 TFLOP/s (fp16/bf16) or 438 (fp32, tf32).
-torchsp is reported per dataflow in --algos ("0" output-stationary, "1" weight-stationary,
+torchsp is reported per dataflow in --algos ("0" output-stationary mask-sorted, "0u" unsorted,
+"1" weight-stationary (served as 0 on CUDA today),
 "2:T" hybrid with L1 threshold T (default 2), "auto" the tuner's choice).
 Peers (tools/peers.py: spconv, flexgemm, torchsparse, warpconvnet) are built on the same voxels
 with the same weights, their output is compared with torchsp's (relative error printed), then
@@ -108,9 +109,13 @@ def timeit(fn, iters, warmup, device):
 
 
 def parse_algo(spec):
-    """'0' | '1' | '2' | '2:T' | 'a,b,c,d' | 'auto' -> (label, algo list or None)."""
+    """'0' | '0u' | '1' | '2' | '2:T' | 'a,b,c,d' | 'auto' -> (label, algo list or None)."""
     if spec == "auto":
         return "auto", None
+    if spec == "0u":  # output-stationary in map order (no mask sorting)
+        return "os-unsorted", [0, 0, 0, -1]
+    if spec == "0":
+        return "os-sorted", [0, 0, 0, 0]
     if "," in spec:
         a = [int(v) for v in spec.split(",")]
         return "df" + spec.replace(",", "."), a
@@ -162,7 +167,7 @@ def main():
     ap.add_argument("--data", default=None)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="fp16", choices=sorted(DTYPES))
-    ap.add_argument("--algos", nargs="+", default=["0", "1", "2"],
+    ap.add_argument("--algos", nargs="+", default=["0", "0u"],
                     help="torchsp dataflows: 0, 1, 2 (hybrid, threshold 2), 2:T, a,b,c,d, auto")
     ap.add_argument("--layers", nargs="+", default=None, help=f"subset of {[l[0] for l in LAYERS]}")
     ap.add_argument("--peers", nargs="+", default=["all"], help="spconv flexgemm torchsparse warpconvnet | all | none")
@@ -234,7 +239,7 @@ def main():
                         rec["err"] = f"{rel_err(y, y_ref):.1e}"
                     rec["fwd_us"] = timeit(lambda: conv(x.feats, w), args.iters, args.warmup, device)
                     a = algo if algo is not None else [0, 0, 0, 0]
-                    rec["dgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, a),
+                    rec["dgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, a, km.order_t),
                                              args.iters, args.warmup, device)
                     rec["wgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, a),
                                              args.iters, args.warmup, device)

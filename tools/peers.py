@@ -9,8 +9,10 @@ Peers (none is vendored; see .peers/BUILD.sh, untracked, for how they are made i
   spconv       spconv 2.x (pip wheel spconv-cu12x): SubMConv3d / SparseConv3d / SparseInverseConv3d,
                weight [Cout, Kx, Ky, Kz, Cin]; regular strided convs cannot reuse their pairs in
                spconv, so their forward includes the pair build (noted in the table).
-  flexgemm     FlexGEMM (Triton + small CUDA ext): sparse_submanifold_conv3d / sparse_conv3d with a
-               neighbor cache, weight [Cout, Kx, Ky, Kz, Cin]; no transposed conv.
+  flexgemm     FlexGEMM (Triton + small CUDA ext, built in .peers/flexgemm_src by .peers/BUILD_flexgemm.sh):
+               sparse_submanifold_conv3d / sparse_conv3d with a cached neighbor map, weight
+               [Cout, Kx, Ky, Kz, Cin]; no transposed conv ('up' emulated, see _flexgemm);
+               FLEXGEMM_ALGO picks its algorithm (default masked_implicit_gemm_splitk).
   torchsparse  TorchSparse++ v2.1 (CUDA ext): torchsparse.nn.functional.conv3d, weight [V, Cin, Cout]
                with x-fastest offsets for odd kernels (MinkowskiEngine order), z-fastest for even.
   warpconvnet  WarpConvNet: import is probed and reported; no adapter yet.
@@ -38,9 +40,11 @@ class PeerMismatch(Exception):
 
 
 def _key(c):
+    """int64 key of [b, x, y, z] rows: 20-bit fields, |x|, |y|, |z| < 2^19, b < 8.  (Biased values must
+    stay inside their field: the former (c + 2^20) << 20 fields overlapped and OR'ed into each other.)"""
     c = c.long()
-    bias = 1 << 20
-    return (c[:, 0] << 60) | ((c[:, 1] + bias) << 40) | ((c[:, 2] + bias) << 20) | (c[:, 3] + bias)
+    r, bias = 1 << 20, 1 << 19
+    return ((c[:, 0] * r + (c[:, 1] + bias)) * r + (c[:, 2] + bias)) * r + (c[:, 3] + bias)
 
 
 def row_perm(ours, theirs):
@@ -175,52 +179,102 @@ def _scatter_rows(dy, perm):
 
 # --------------------------------------------------------------------------- FlexGEMM
 
+def _flexgemm_algo(fg):
+    """FLEXGEMM_ALGO (any case): explicit_gemm, implicit_gemm, implicit_gemm_splitk, masked_implicit_gemm,
+    masked_implicit_gemm_splitk (FlexGEMM's default)."""
+    name = os.environ.get("FLEXGEMM_ALGO", "masked_implicit_gemm_splitk").upper()
+    if not hasattr(fg.Algorithm, name):
+        raise PeerUnavailable(f"flexgemm: unknown FLEXGEMM_ALGO {name!r}")
+    fg.set_algorithm(getattr(fg.Algorithm, name))
+    return name.lower()
+
+
 def _flexgemm(L):
+    """FlexGEMM (flex_gemm.ops.spconv).  Its geometry, read from its neighbour-map kernels:
+    submanifold: input = out + (i - K // 2) * d (odd K); sparse_conv3d: input = out * s + i * d - p, in
+    compact (per-tensor) integer coordinates, kernel index v = (ix * Kh + iy) * Kd + iz, weight
+    [Co, Kw, Kh, Kd, Ci] reshaped to [Co, V, Ci] -- the same offsets and order as torchsp once the
+    coordinates are divided by the tensor stride.  It has no transposed conv: 'up' is computed as a
+    stride-1 sparse_conv3d onto the given fine coordinates with padding K-1-p and the kernel flipped
+    (x[p - (i - p_t)] == x[p + j - (K - 1 - p_t)], j = K - 1 - i), noted in the table.
+    Neighbour caches are built once (as a model reuses them) and passed back in every call."""
     try:
-        import flex_gemm
-        from flex_gemm.ops.spconv import sparse_conv3d, sparse_submanifold_conv3d
+        import flex_gemm  # noqa: F401
+        from flex_gemm.ops import spconv as fg
     except Exception as e:  # noqa: BLE001
         raise PeerUnavailable(f"flexgemm: {type(e).__name__}: {e}")
     K, Ci, Co, dev, dt = L["K"], L["Cin"], L["Cout"], L["device"], L["dtype"]
-    kind = L["kind"]
-    if kind == "up":
-        raise PeerUnavailable("flexgemm: no transposed convolution")
-    if L["t_in"] != 1:
-        raise PeerUnavailable("flexgemm adapter: input stride 1 only")
-    algo = os.environ.get("FLEXGEMM_ALGO", "MASKED_IMPLICIT_GEMM_SPLITK")
-    flex_gemm.ops.spconv.set_algorithm(getattr(flex_gemm.ops.spconv.Algorithm, algo))
-    cin, sh = _shift(L["coords_in"])
-    cin = cin.contiguous()
-    W, H, D = _extent(cin)
-    shape = torch.Size([1, Ci, W, H, D])
-    weight = _w_krsc(L["weight"], K).requires_grad_(True)
+    kind, t_in = L["kind"], L["t_in"]
+    algo = _flexgemm_algo(fg)
+    # FlexGEMM's backward reads bias.requires_grad unconditionally: pass a zero bias, never None.
     bias = torch.zeros(Co, device=dev, dtype=dt)
-    feats0 = torch.zeros(cin.shape[0], Ci, device=dev, dtype=dt, requires_grad=True)
+    pad = (K - 1) // 2 if K % 2 else 0          # torchsp's default padding (bench uses it)
+    note = f"algo {algo}"
+
     if kind == "subm":
-        _, cache = sparse_submanifold_conv3d(feats0, cin, shape, weight, bias)
-        perm = torch.arange(cin.shape[0], device=dev)
+        if K % 2 == 0:
+            raise PeerUnavailable("flexgemm: submanifold conv centres odd kernels only")
+        c, sh = _shift(L["coords_in"])
+        cin = c.clone()
+        cin[:, 1:] = torch.div(cin[:, 1:], t_in, rounding_mode="floor")
+        cin = cin.contiguous()
+        shape = torch.Size([1, Ci] + _extent(cin))
+        weight = _w_krsc(L["weight"], K).requires_grad_(True)
+        feats0 = torch.zeros(cin.shape[0], Ci, device=dev, dtype=dt, requires_grad=True)
+        _, cache = fg.sparse_submanifold_conv3d(feats0, cin, shape, weight, bias)   # builds the cache
+        ours = L["coords_out"].clone()
+        ours[:, 1:] = torch.div(ours[:, 1:] + sh, t_in, rounding_mode="floor")
+        perm = row_perm(ours, cin)                  # FlexGEMM's output rows = its input rows
 
         def call(feats):
-            return sparse_submanifold_conv3d(feats, cin, shape, weight, bias, neighbor_cache=cache)[0]
+            return fg.sparse_submanifold_conv3d(feats, cin, shape, weight, bias, neighbor_cache=cache)[0]
     else:
-        pad = (K - 1) // 2
+        if kind == "down":
+            t_out, stride, padding = t_in * 2, (2, 2, 2), (pad,) * 3
+            c, sh = _shift(L["coords_in"])
+            weight = _w_krsc(L["weight"], K).requires_grad_(True)
+            step_in = t_in
+        elif kind == "up":
+            if t_in % 2:
+                raise PeerUnavailable("flexgemm: transposed conv needs an even input stride")
+            t_out, stride, padding = t_in // 2, (1, 1, 1), (K - 1 - pad,) * 3
+            _, sh = _shift(L["coords_out"])
+            c = L["coords_in"].clone()
+            c[:, 1:] += sh
+            weight = torch.flip(_w_krsc(L["weight"], K), dims=(1, 2, 3)).contiguous().requires_grad_(True)
+            step_in = t_out                          # coarse voxels written in fine compact units
+            note += "; up emulated: stride-1 sparse_conv3d onto the fine coords, flipped kernel (no transposed conv)"
+        else:
+            raise PeerUnavailable(f"flexgemm: layer kind {kind!r}")
+        cin = c.clone()
+        cin[:, 1:] = torch.div(cin[:, 1:], step_in, rounding_mode="floor")
+        cin = cin.contiguous()
         out = L["coords_out"].clone()
-        out[:, 1:] = torch.div(out[:, 1:] + sh, 2, rounding_mode="floor")
+        out[:, 1:] = torch.div(out[:, 1:] + sh, t_out, rounding_mode="floor")
         out = out.contiguous()
-        _, oc, cache = sparse_conv3d(feats0, cin, shape, weight, bias, out_coords=out, stride=(2, 2, 2),
-                                     padding=(pad,) * 3)
-        perm = row_perm(out, oc)
+        shape = torch.Size([1, Ci] + _extent(torch.cat([cin, out])))
+        ks = (K, K, K)
+        # The public sparse_conv3d builds the cache with is_out_coords_given=False, which for a stride-1
+        # conv on given out_coords leaves out the backward reordering the masked algorithms need; build it
+        # the way FlexGEMM does for given out_coords.
+        F = fg.SparseConv3dFunction
+        try:
+            cache = F._compute_neighbor_cache(cin, out, shape, ks, stride, padding, (1, 1, 1), True,
+                                              is_out_coords_given=True)
+        except TypeError:
+            cache = F._compute_neighbor_cache(cin, out, shape, ks, stride, padding, (1, 1, 1), True)
+        perm = torch.arange(out.shape[0], device=dev)  # output rows follow the out_coords given
 
         def call(feats):
-            return sparse_conv3d(feats, cin, shape, weight, bias, neighbor_cache=cache, out_coords=out,
-                                 stride=(2, 2, 2), padding=(pad,) * 3)[0]
+            return fg.sparse_conv3d(feats, cin, shape, weight, bias, neighbor_cache=cache, out_coords=out,
+                                    stride=stride, padding=padding)[0]
 
     def forward(feats):
         return call(feats)[perm]
 
     def fwd_bwd(feats, _w, dy):
         call(feats).backward(_scatter_rows(dy, perm))
-    return PeerLayer(forward, fwd_bwd, f"algo {algo}"), weight
+    return PeerLayer(forward, fwd_bwd, note), weight
 
 
 # --------------------------------------------------------------------------- TorchSparse++

@@ -29,14 +29,19 @@ def _kernel_map_transpose(nbmap, in_coords):
     return nbmap.new_empty((in_coords.shape[0], nbmap.shape[1]))
 
 
+@torch.library.register_fake("torchsp::mask_order")
+def _mask_order(nbmap):
+    return nbmap.new_empty((nbmap.shape[0],))
+
+
 @torch.library.register_fake("torchsp::conv_fwd")
-def _conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo):
+def _conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order=None, order_t=None):
     torch._check(x.shape[1] == weight.shape[1], lambda: "torchsp.conv_fwd: channel mismatch")
     return x.new_empty((nbmap.shape[0], weight.shape[2]))
 
 
 @torch.library.register_fake("torchsp::conv_dgrad")
-def _conv_dgrad(dy, weight, nbmap_t, algo):
+def _conv_dgrad(dy, weight, nbmap_t, algo, order_t=None):
     return dy.new_empty((nbmap_t.shape[0], weight.shape[1]))
 
 

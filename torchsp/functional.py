@@ -12,6 +12,20 @@ from .tensor import SparseTensor
 from .tune import choose_algo
 
 DEFAULT_ALGO = (0, 0, 0, 0)
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _autocast_dtype(device_type):
+    """The autocast dtype active for `device_type`, or None (torch 2.4 .. 2.13 spellings)."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 takes no device type
+        enabled = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+    if not enabled:
+        return None
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(device_type)
+    return torch.get_autocast_gpu_dtype() if device_type == "cuda" else torch.get_autocast_cpu_dtype()
 
 
 def _resolve_algo(algo):
@@ -49,6 +63,11 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         raise TypeError(f"sparse_conv3d: input must be a SparseTensor, got {type(input).__name__}")
     geom = ConvGeometry(kernel_size, stride, dilation, padding, transposed, generative, rule)
     feats = input.feats
+    # Under torch.autocast a sparse conv runs in the autocast dtype, as F.conv3d does.
+    amp = _autocast_dtype(feats.device.type) if isinstance(feats, torch.Tensor) else None
+    if amp is not None and feats.dtype in _FLOATS and isinstance(weight, torch.Tensor) and weight.dtype in _FLOATS:
+        feats, weight = feats.to(amp), weight.to(amp)
+        bias = bias.to(amp) if bias is not None else None
     v = volume(geom.kernel_size)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 3:
         raise ValueError(f"sparse_conv3d: weight must be a [V, Cin, Cout] tensor, got "
@@ -66,9 +85,10 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         raise ValueError(f"sparse_conv3d: bias must be [{weight.shape[2]}], got {tuple(bias.shape)}")
     kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom)
     if algo is None:
-        algo = choose_algo(input, kmap, geom, weight)
+        algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight)
     fwd, dgrad, wgrad = _resolve_algo(algo)
-    y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad)
+    y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
+                                   kmap.order, kmap.order_t)
     if bias is not None:
         y = y + bias
     return SparseTensor(y, out_coords, out_stride, cache=input.cache, coord_key=out_key, check=False)

@@ -20,12 +20,14 @@ class SparseCache:
     Attributes:
         coords_by_stride: stride (3-tuple) -> (coords [N, 4] int32, coord_key); the first
             coordinate set registered at a stride, which transposed convs return to.
+        out_coords: coord_key -> coords [N, 4] int32 of a strided or generative output.
         kmaps: kernel-map key -> KernelMap (see torchsp.kmap).
         tuning: group key -> tuned algorithm choices (see torchsp.tune).
     """
 
     def __init__(self):
         self.coords_by_stride = {}
+        self.out_coords = {}
         self.kmaps = {}
         self.tuning = {}
 

@@ -45,15 +45,16 @@ DEFAULT = [0, 0, 0, 0]
 PASSES = ("fwd", "dgrad", "wgrad")
 
 # Candidate algorithms per device type and pass: [dataflow, tile, split, threshold].
-# The first is the reference each candidate is checked against.  Dataflow 1
-# (weight-stationary) on CUDA scatters with atomics: not deterministic.
+# The first is the reference each candidate is checked against.  CUDA has one
+# dataflow today, output-stationary, walked in mask-sorted row order (threshold 0)
+# or in map order (threshold -1); both are atomic-free and deterministic.
 _CANDIDATES = {
     "cpu": {"fwd": [[0, 0, 0, 0], [1, 0, 0, 0]], "dgrad": [[0, 0, 0, 0], [1, 0, 0, 0]],
             "wgrad": [[0, 0, 0, 0]]},
-    "cuda": {"fwd": [[0, 0, 0, 0], [1, 0, 0, 0]], "dgrad": [[0, 0, 0, 0], [1, 0, 0, 0]],
+    "cuda": {"fwd": [[0, 0, 0, 0], [0, 0, 0, -1]], "dgrad": [[0, 0, 0, 0], [0, 0, 0, -1]],
              "wgrad": [[0, 0, 0, 0]]},
 }
-_NONDETERMINISTIC = {"cpu": set(), "cuda": {1}}
+_NONDETERMINISTIC = {"cpu": set(), "cuda": set()}
 
 
 def candidates(device_type, pass_name, kernel_size=None, deterministic=False):
@@ -279,8 +280,9 @@ def _measure(feats, kmap, geom, weight):
     det = _deterministic()
     ops = torch.ops.torchsp
     runs = {
-        "fwd": lambda a: ops.conv_fwd(x, w, kmap.nbmap, kmap.nbmap_t, a, DEFAULT, DEFAULT),
-        "dgrad": lambda a: ops.conv_dgrad(g, w, kmap.nbmap_t, a),
+        "fwd": lambda a: ops.conv_fwd(x, w, kmap.nbmap, kmap.nbmap_t, a, DEFAULT, DEFAULT,
+                                      kmap.order, kmap.order_t),
+        "dgrad": lambda a: ops.conv_dgrad(g, w, kmap.nbmap_t, a, kmap.order_t),
         "wgrad": lambda a: ops.conv_wgrad(x, g, kmap.nbmap, a),
     }
     choice, saved = {}, 0.0

@@ -14,25 +14,25 @@
 **   - everything else (float32, odd channels such as the 4-5 input channels of
 **     a LiDAR net, misaligned views): conv_simple.cu, correct for any shape.
 ** Every dataflow value of prob->algo is served by the output-stationary
-** kernels for now; tile and split are not read.  All paths are deterministic
+** kernels for now; tile and split are not read.  The tensor-core kernels
+** walk rows in prob->order / order_t (mask-sorted) when given, unless
+** algo.threshold == -1 (unsorted, the tuner's other candidate).  All paths are deterministic
 ** (no float atomics): wgrad's split over rows reduces in a fixed order.
 ** float64 is TSP_ERR_UNSUPPORTED (the CPU kernels serve gradcheck).
 **
-** Measured (H100, tools/cuda_selftest_conv.cu, fp16, 173k rows, V = 27,
-** median of 50 around each entry call, us; floor of DESIGN.md section 7):
-**     scene   nb/row    C   fwd  dgrad  wgrad  floor
-**     lidar     3.16   32    65     66    110     14
-**     lidar     3.16   64   125    129    131     21
-**     lidar     3.16  128   305    313    378     36
-**     lidar     3.16  256  1044   1072   1355     91
-**     surface   8.97   32    93     95    115     14
-**     surface   8.97  256  1923   1969   2090    258
-** 4-10x over the floor.  ncu on the C = 32 forward: 12 warps/SM (shared
-** memory), ~6.7 cycles between a warp's instructions, DRAM at ~10%: issue-
-** and latency-bound, and about half the mma rows of a step are absent rows.
-** Next: rows sorted or binned by offset mask so tiles see fewer offsets,
-** per-offset pair lists for wgrad, fewer shared bytes per block at small C,
-** wgmma (sm_90a) for C >= 128, tf32 for float32.
+** Measured (H100, tools/bench.py, fp16, lidar_198k.npz, map cached, CUDA
+** events around the Python call, median of 50, us; floor of DESIGN.md 7):
+**     layer        nb/row  floor  fwd sorted  fwd unsorted  dgrad sorted  wgrad
+**     subm3 C32      3.5    13.6      102          92           105         91
+**     subm3 C64      3.5    21.1      157         190           160        137
+**     subm3 C128     6.3    32.7      334         493           341        362
+**     subm3 C256     6.3   130.9     1087        1883          1114       1325
+**     down3 C128     3.1    27.6      274         570           138        233
+** Mask sorting pays 1.4-2.1x from C = 64 up; at C = 32 the scattered map
+** reads cost more than the skipped mma work (the tuner picks per group).
+** Still 5-10x over the floor (not profiled since sorting).  Next: split
+** rows by mask (TorchSparse++), wgmma (sm_90a) for C >= 128, per-offset pair
+** lists for wgrad, tf32 for float32.
 */
 #include "conv_internal.cuh"
 
@@ -76,7 +76,8 @@ size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
 
 /* Forward and dgrad are one output-stationary problem with roles swapped. */
 static tsp_status output_stationary(tsp_dtype dtype, const void *src, int64_t src_rows,
-                                    const void *w, const int32_t *map, int64_t rows,
+                                    const void *w, const int32_t *map, const int32_t *order,
+                                    int64_t rows,
                                     int64_t volume, int64_t red, int64_t n, int transposed_w,
                                     void *out, cudaStream_t stream) {
   if (rows == 0 || n == 0) return TSP_OK;
@@ -85,7 +86,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const void *src, int64_t sr
                                           stream),
                           "tsp_conv: zero output");
   if (fast_dtype(dtype) && tensor_cores_available()) {
-    tsp_status s = tsp_conv_igemm_os(dtype, src, src_rows, w, map, rows, volume, red, n,
+    tsp_status s = tsp_conv_igemm_os(dtype, src, src_rows, w, map, order, rows, volume, red, n,
                                      transposed_w, out, stream);
     if (s != TSP_ERR_UNSUPPORTED) return s;
   }
@@ -100,7 +101,8 @@ tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const 
   (void)workspace_bytes;
   tsp_status s = check_problem(prob);
   if (s != TSP_OK) return s;
-  return output_stationary(prob->dtype, x, prob->n_in, w, nbmap, prob->n_out, prob->volume,
+  const int32_t *order = prob->algo.threshold == -1 ? NULL : prob->order;
+  return output_stationary(prob->dtype, x, prob->n_in, w, nbmap, order, prob->n_out, prob->volume,
                            prob->c_in, prob->c_out, 0, y, (cudaStream_t)stream);
 }
 
@@ -111,7 +113,8 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
   (void)workspace_bytes;
   tsp_status s = check_problem(prob);
   if (s != TSP_OK) return s;
-  return output_stationary(prob->dtype, dy, prob->n_out, w, nbmap_t, prob->n_in, prob->volume,
+  const int32_t *order = prob->algo.threshold == -1 ? NULL : prob->order_t;
+  return output_stationary(prob->dtype, dy, prob->n_out, w, nbmap_t, order, prob->n_in, prob->volume,
                            prob->c_out, prob->c_in, 1, dx, (cudaStream_t)stream);
 }
 

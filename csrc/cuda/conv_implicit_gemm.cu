@@ -13,7 +13,10 @@
 ** One block computes a BM x BN tile of out:
 **   1. it copies the tile's BM x V map entries into shared memory (one
 **      contiguous read, all cp.async in flight at once; entries outside
-**      [0, src_rows) become -1),
+**      [0, src_rows) become -1); with a row order (rows sorted by their
+**      neighbour mask, TorchSparse++'s mask sorting) tile row i is map row
+**      order[row0 + i], so the rows of a 16-row group share their offsets
+**      and step 4 skips far more mma work,
 **      and builds per offset a bit mask of the 16-row groups that use it;
 **   2. the offsets used by no row of the tile are dropped (a warp ballot
 **      compacts the rest into a list);
@@ -49,14 +52,14 @@ template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TW_> st
 template <typename CFG>
 static size_t igemm_smem_bytes(int volume) {
   return (size_t)CFG::STAGES * (CFG::A_STAGE + CFG::B_STAGE) * 2 /* 16-bit elements */ +
-         (size_t)CFG::BM * volume * 4 + (size_t)volume * 8 + 16;
+         (size_t)CFG::BM * volume * 4 + (size_t)volume * 8 + 16 + (size_t)CFG::BM * 4;
 }
 
 template <typename T, typename CFG>
 __global__ void __launch_bounds__(CFG::THREADS)
     igemm_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
-                    const int32_t *__restrict__ map, int64_t rows, int volume, int red, int n,
-                    T *__restrict__ out) {
+                    const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+                    int64_t rows, int volume, int red, int n, T *__restrict__ out) {
   enum { BM = CFG::BM, BN = CFG::BN, BK = CFG::BK, STAGES = CFG::STAGES, NT = CFG::THREADS };
   enum { MI = CFG::MI, NI = CFG::NI, A_LD = CFG::A_LD, B_LD = CFG::B_LD };
   static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
@@ -69,6 +72,7 @@ __global__ void __launch_bounds__(CFG::THREADS)
   uint32_t *s_groups = (uint32_t *)(s_nb + BM * volume);
   int32_t *s_list = (int32_t *)(s_groups + volume);
   int32_t *s_count = s_list + volume;
+  int32_t *s_rows = s_count + 4; /* [BM] map row of each tile row (order), -1 = none */
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int tiles_n = (n + BN - 1) / BN;
@@ -82,15 +86,31 @@ __global__ void __launch_bounds__(CFG::THREADS)
   ** The BM x V entries are contiguous: copy them with cp.async so that every
   ** load is in flight at once (a plain load loop around the atomics below was
   ** issued one round trip at a time), then sanitise in shared memory. */
-  const int32_t *map_tile = map + row0 * volume;
   const int total = (int)rows_here * volume;
-  int head = 0;
-  if (((uintptr_t)map_tile & 15) == 0) { /* true whenever map itself is 16-byte aligned */
-    head = total & ~3;
-    for (int i = 4 * tid; i < head; i += 4 * NT) tsp_cp_async16(s_nb + i, map_tile + i, true);
+  if (order == nullptr) {
+    const int32_t *map_tile = map + row0 * volume;
+    int head = 0;
+    if (((uintptr_t)map_tile & 15) == 0) { /* true whenever map itself is 16-byte aligned */
+      head = total & ~3;
+      for (int i = 4 * tid; i < head; i += 4 * NT) tsp_cp_async16(s_nb + i, map_tile + i, true);
+    }
+    tsp_cp_async_commit();
+    for (int i = head + tid; i < total; i += NT) s_nb[i] = map_tile[i];
+    for (int i = tid; i < BM; i += NT) s_rows[i] = i < rows_here ? (int32_t)(row0 + i) : -1;
+  } else {
+    /* Rows named by order are scattered: 4-byte loads, one row per step of
+    ** `volume` threads' worth; an entry outside [0, rows) names no row. */
+    for (int i = tid; i < BM; i += NT) {
+      int32_t r = i < rows_here ? order[row0 + i] : -1;
+      s_rows[i] = (r >= 0 && (int64_t)r < rows) ? r : -1;
+    }
+    __syncthreads();
+    for (int i = tid; i < total; i += NT) {
+      const int rr = i / volume;
+      const int32_t r = s_rows[rr];
+      s_nb[i] = r >= 0 ? map[(int64_t)r * volume + (i - rr * volume)] : -1;
+    }
   }
-  tsp_cp_async_commit();
-  for (int i = head + tid; i < total; i += NT) s_nb[i] = map_tile[i];
   for (int i = tid; i < volume; i += NT) s_groups[i] = 0;
   tsp_cp_async_wait<0>();
   __syncthreads();
@@ -256,16 +276,18 @@ __global__ void __launch_bounds__(CFG::THREADS)
       if (col >= n) continue;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t r = row0 + wm0 + mi * 16 + (lane >> 2) + h * 8;
-        if (r < rows) tsp_store2(out + r * n + col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        const int32_t r = s_rows[wm0 + mi * 16 + (lane >> 2) + h * 8];
+        if (r >= 0)
+          tsp_store2(out + (int64_t)r * n + col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
       }
     }
 }
 
 template <typename T, typename CFG>
 static tsp_status launch_igemm(const void *src, int64_t src_rows, const void *w,
-                               const int32_t *map, int64_t rows, int64_t volume, int64_t red,
-                               int64_t n, void *out, cudaStream_t stream) {
+                               const int32_t *map, const int32_t *order, int64_t rows,
+                               int64_t volume, int64_t red, int64_t n, void *out,
+                               cudaStream_t stream) {
   const size_t smem = igemm_smem_bytes<CFG>((int)volume);
   static uint64_t smem_raised = 0; /* per instantiation: devices whose limit is raised */
   tsp_status s = tsp_raise_smem_limit((const void *)igemm_os_kernel<T, CFG>, smem, &smem_raised,
@@ -274,7 +296,8 @@ static tsp_status launch_igemm(const void *src, int64_t src_rows, const void *w,
   const int64_t tiles = ((rows + CFG::BM - 1) / CFG::BM) * ((n + CFG::BN - 1) / CFG::BN);
   if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
   igemm_os_kernel<T, CFG><<<(unsigned)tiles, CFG::THREADS, smem, stream>>>(
-      (const T *)src, src_rows, (const T *)w, map, rows, (int)volume, (int)red, (int)n, (T *)out);
+      (const T *)src, src_rows, (const T *)w, map, order, rows, (int)volume, (int)red, (int)n,
+      (T *)out);
   return tsp_cuda_check_launch("tsp_conv_igemm_os");
 }
 
@@ -282,21 +305,23 @@ static tsp_status launch_igemm(const void *src, int64_t src_rows, const void *w,
 ** is read once per offset; wider layers take 128 x 128 tiles with 8 warps. */
 template <typename T, bool TW>
 static tsp_status dispatch_igemm(const void *src, int64_t src_rows, const void *w,
-                                 const int32_t *map, int64_t rows, int64_t volume, int64_t red,
-                                 int64_t n, void *out, cudaStream_t stream) {
+                                 const int32_t *map, const int32_t *order, int64_t rows,
+                                 int64_t volume, int64_t red, int64_t n, void *out,
+                                 cudaStream_t stream) {
   if (n <= 32)
-    return launch_igemm<T, igemm_cfg<128, 32, 32, 32, 32, 4, TW> >(src, src_rows, w, map, rows,
+    return launch_igemm<T, igemm_cfg<128, 32, 32, 32, 32, 4, TW> >(src, src_rows, w, map, order, rows,
                                                                     volume, red, n, out, stream);
   if (n <= 64)
-    return launch_igemm<T, igemm_cfg<128, 64, 32, 32, 64, 4, TW> >(src, src_rows, w, map, rows,
+    return launch_igemm<T, igemm_cfg<128, 64, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order, rows,
                                                                     volume, red, n, out, stream);
-  return launch_igemm<T, igemm_cfg<128, 128, 32, 32, 64, 4, TW> >(src, src_rows, w, map, rows,
+  return launch_igemm<T, igemm_cfg<128, 128, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order, rows,
                                                                    volume, red, n, out, stream);
 }
 
 tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
-                             const int32_t *map, int64_t rows, int64_t volume, int64_t red,
-                             int64_t n, int transposed_w, void *out, cudaStream_t stream) {
+                             const int32_t *map, const int32_t *order, int64_t rows,
+                             int64_t volume, int64_t red, int64_t n, int transposed_w, void *out,
+                             cudaStream_t stream) {
   if (red % 8 != 0 || n % 8 != 0 || red <= 0 || n <= 0 || volume > TSP_IGEMM_MAX_VOLUME ||
       red > 0x7fffffff || n > 0x7fffffff || src_rows > 0x7fffffff)
     return TSP_ERR_UNSUPPORTED;
@@ -305,14 +330,14 @@ tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows,
   if (rows <= 0) return TSP_OK;
   switch (dtype) {
   case TSP_FLOAT16:
-    return transposed_w ? dispatch_igemm<__half, true>(src, src_rows, w, map, rows, volume, red, n,
+    return transposed_w ? dispatch_igemm<__half, true>(src, src_rows, w, map, order, rows, volume, red, n,
                                                        out, stream)
-                        : dispatch_igemm<__half, false>(src, src_rows, w, map, rows, volume, red,
+                        : dispatch_igemm<__half, false>(src, src_rows, w, map, order, rows, volume, red,
                                                         n, out, stream);
   case TSP_BFLOAT16:
-    return transposed_w ? dispatch_igemm<__nv_bfloat16, true>(src, src_rows, w, map, rows, volume,
+    return transposed_w ? dispatch_igemm<__nv_bfloat16, true>(src, src_rows, w, map, order, rows, volume,
                                                               red, n, out, stream)
-                        : dispatch_igemm<__nv_bfloat16, false>(src, src_rows, w, map, rows,
+                        : dispatch_igemm<__nv_bfloat16, false>(src, src_rows, w, map, order, rows,
                                                                volume, red, n, out, stream);
   default:
     return TSP_ERR_UNSUPPORTED;

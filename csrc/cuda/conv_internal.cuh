@@ -121,66 +121,16 @@ tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int6
 
 /* Tensor-core paths: fp16/bf16, red and n multiples of 8, 16-byte aligned
 ** operands, volume <= TSP_IGEMM_MAX_VOLUME.  Return TSP_ERR_UNSUPPORTED when
-** the shape is not theirs (the caller falls back). */
+** the shape is not theirs (the caller falls back).  `order` ([rows] or NULL)
+** is the row order tiles walk (tsp_conv_problem.order); NULL is 0, 1, 2, ... */
 enum { TSP_IGEMM_MAX_VOLUME = 64 };
 tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
-                             const int32_t *map, int64_t rows, int64_t volume, int64_t red,
-                             int64_t n, int transposed_w, void *out, cudaStream_t stream);
+                             const int32_t *map, const int32_t *order, int64_t rows,
+                             int64_t volume, int64_t red, int64_t n, int transposed_w, void *out,
+                             cudaStream_t stream);
 tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);
 
-/* ------------------------------------------- dataflow launchers (v2) --- */
-/*
-** The fast dataflows share one argument block per output-stationary call, so
-** conv.cu's dispatch (forward, dgrad, hybrid) stays one line per case.
-** Ownership: conv_implicit_gemm.cu implements tsp_conv_os (tensor cores, any
-** dtype incl. tf32 for float32; TSP_ERR_UNSUPPORTED when the shape is not
-** its own, then conv.cu falls back to tsp_conv_simple_os); conv_ws.cu
-** implements the weight-stationary ones; conv_wgrad.cu the wgrad ones.
-*/
-typedef struct {
-  tsp_dtype dtype;
-  const void *src;        /* gathered operand [src_rows, red] */
-  int64_t src_rows;
-  const void *w;          /* [V, red, n], or [V, n, red] when transposed_w */
-  int transposed_w;
-  const int32_t *map;     /* [rows, volume]; entries outside [0, src_rows) are absent */
-  int64_t rows, volume, red, n;
-  const int32_t *order;   /* [rows] mask-sorted row order, or NULL (identity) */
-  uint64_t offset_mask;   /* offsets this call sums (bit k); ~0ULL = all (also for volume > 64) */
-  const float *addend;    /* [rows, n] fp32 added before the single rounding to out, or NULL */
-  int32_t tile, split;    /* tsp_algo's tile and split */
-  void *out;              /* [rows, n], fully written */
-  void *workspace;        /* tsp_conv_os_workspace() bytes */
-  size_t workspace_bytes;
-} tsp_os_args;
-
-size_t tsp_conv_os_workspace(const tsp_os_args *a);
-tsp_status tsp_conv_os(const tsp_os_args *a, cudaStream_t stream);
-
-/*
-** Weight-stationary: for each offset k with (offset_mask bit k) and each of
-** its counts[k] pairs (q = pairs[k * pair_stride + i], p = nbmap[q * V + k]):
-**   forward: acc[q] += x[p] @ w[k]      dgrad: acc[p] += dy[q] @ w[k]^T
-** acc is fp32 [rows_out, n] in the caller's workspace, zeroed by the caller;
-** float atomics, so not deterministic.  `fused` 1: fetch-on-demand (one
-** kernel gathers, multiplies and scatter-adds); 0: gather-GEMM-scatter.
-*/
-typedef struct {
-  tsp_dtype dtype;
-  const void *src;        /* x (forward) or dy (dgrad) */
-  const void *w;          /* [V, c_in, c_out] */
-  int dgrad;              /* 0 forward, 1 dgrad */
-  const int32_t *nbmap;   /* forward map [n_out, V] */
-  const int32_t *pairs;   /* [V, n_out] */
-  const int32_t *counts;  /* [V], device */
-  int64_t n_in, n_out, c_in, c_out, volume;
-  uint64_t offset_mask;
-  int fused;
-  float *acc;             /* [n_out, c_out] forward, [n_in, c_in] dgrad */
-} tsp_ws_args;
-
-tsp_status tsp_conv_ws(const tsp_ws_args *a, cudaStream_t stream);
 
 #endif /* TSP_CONV_INTERNAL_CUH */

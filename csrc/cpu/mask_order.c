@@ -1,0 +1,41 @@
+/*
+** mask_order.c: the row order of a kernel map sorted by neighbour mask, the
+** CPU twin of cuda/mask_order.cu (same result: rows stably sorted by their
+** presence bits).  The CPU conv kernels do not need it; it exists so the op
+** behaves the same on both devices and the CUDA order has a reference.
+*/
+#include <stdlib.h>
+
+#include "cpu_common.h"
+
+typedef struct {
+  uint64_t mask; /* bit k set when map[row, k] >= 0 */
+  int32_t row;
+} mask_row;
+
+/* (mask, row) order: stable by construction, so qsort may be used. */
+static int cmp_mask_row(const void *a, const void *b) {
+  const mask_row *x = (const mask_row *)a, *y = (const mask_row *)b;
+  if (x->mask != y->mask) return x->mask < y->mask ? -1 : 1;
+  return (x->row > y->row) - (x->row < y->row);
+}
+
+tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume, int32_t *order) {
+  if (!map || !order || n_rows < 0 || volume < 1 || volume > TSP_MASK_ORDER_MAX_VOLUME ||
+      n_rows > 0x7fffffffLL)
+    return TSP_ERR_ARGUMENT;
+  if (n_rows == 0) return TSP_OK;
+  mask_row *tmp = (mask_row *)malloc((size_t)n_rows * sizeof(mask_row));
+  if (!tmp) return TSP_ERR_ALLOC;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    uint64_t m = 0;
+    for (int64_t k = 0; k < volume; ++k) m |= (uint64_t)(map[r * volume + k] >= 0) << k;
+    tmp[r].mask = m;
+    tmp[r].row = (int32_t)r;
+  }
+  qsort(tmp, (size_t)n_rows, sizeof(mask_row), cmp_mask_row);
+  for (int64_t r = 0; r < n_rows; ++r) order[r] = tmp[r].row;
+  free(tmp);
+  return TSP_OK;
+}
