@@ -170,10 +170,10 @@ def test_mask_order_is_sorted_permutation(device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("cin,cout", [(16, 32), (72, 136)])
+@pytest.mark.parametrize("cin,cout", [(16, 32), (72, 136), (264, 136)])
 def test_row_order_any_permutation(dtype, cin, cout):
     """Tensor-core fwd/dgrad walk rows in `order`: mask order, a random permutation, map order
-    (None) and threshold -1 all match the fp64 gather reference."""
+    (None) and threshold -1, with every tile shape, all match the fp64 gather reference."""
     c, out, nbmap, nbmap_t = _maps("cuda", n=3000, seed=6)
     x = randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1)
     w = randn(27, cin, cout, dtype=dtype, device="cuda", seed=2, scale=0.2)
@@ -189,7 +189,7 @@ def test_row_order_any_permutation(dtype, cin, cout):
     }
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
     for name, (o, ot) in orders.items():
-        for a in ([0, 0, 0, 0], [0, 0, 0, -1]):
+        for a in ([0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 1, 0, -1], [0, 2, 0, -1]):
             y = ops.conv_fwd(x, w, nbmap, nbmap_t, a, a, a, o, ot)
             assert rel_err(y, want_y) <= tol, (name, a)
             dx = ops.conv_dgrad(dy, w, nbmap_t, a, ot)

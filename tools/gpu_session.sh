@@ -61,15 +61,30 @@ stage_models() {
       --repeats 10 >> "$OUT/models.log" 2>&1
     note "models $dt: rc=$?"; tail -3 "$OUT/models.log" | tee -a "$summary"
   done
+  TORCHSP_TUNE=off PYTHONPATH=$PWD python3 examples/infer.py --device cuda --dtype float16 --voxel-size 0.05 \
+    --cr 1.0 --repeats 10 >> "$OUT/models.log" 2>&1
+  note "models float16, tuner off (fixed: mask-sorted output-stationary): rc=$?"; tail -2 "$OUT/models.log" | tee -a "$summary"
   PYTHONPATH=$PWD python3 examples/train_minkunet.py --device cuda --voxel-size 0.05 --cr 1.0 --amp fp16 \
     --steps 60 >> "$OUT/models.log" 2>&1
   note "train amp fp16: rc=$?"; tail -2 "$OUT/models.log" | tee -a "$summary"
 }
 
+stage_peers() {
+  # Untracked peer builds (.peers/, carried, never committed): see .peers/README_*.txt.
+  local f
+  for f in .peers/BUILD_*.sh; do
+    [ -f "$f" ] || continue
+    bash "$f" > "$OUT/peers_build.log" 2>&1
+    note "peer build $f: rc=$?"; tail -3 "$OUT/peers_build.log" | tee -a "$summary"
+  done
+  [ -f .peers/env.sh ] && . .peers/env.sh
+  return 0
+}
+
 stage_bench() {
-  python3 tools/bench_kmap.py --json "$OUT/bench_kmap.json" > "$OUT/bench_kmap.log" 2>&1
+  [ "${BENCH_KMAP:-1}" = 1 ] && timeout 120 python3 tools/bench_kmap.py --json "$OUT/bench_kmap.json" > "$OUT/bench_kmap.log" 2>&1
   note "bench_kmap: rc=$?"; tail -30 "$OUT/bench_kmap.log" >> "$summary"
-  python3 tools/bench.py --json "$OUT/bench.json" --plot "$OUT/bench.png" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  timeout ${BENCH_TIMEOUT:-480} python3 tools/bench.py --json "$OUT/bench.json" --plot "$OUT/bench.png" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   note "bench: rc=$?"; tail -45 "$OUT/bench.log" >> "$summary"
 }
 

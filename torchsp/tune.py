@@ -47,11 +47,13 @@ PASSES = ("fwd", "dgrad", "wgrad")
 # Candidate algorithms per device type and pass: [dataflow, tile, split, threshold].
 # The first is the reference each candidate is checked against.  CUDA has one
 # dataflow today, output-stationary, walked in mask-sorted row order (threshold 0)
-# or in map order (threshold -1); both are atomic-free and deterministic.
+# or in map order (threshold -1), with tile shape 0, 1 (64-row tiles) or 2 (128 x 256
+# tiles when Cout > 128); all atomic-free and deterministic.
 _CANDIDATES = {
     "cpu": {"fwd": [[0, 0, 0, 0], [1, 0, 0, 0]], "dgrad": [[0, 0, 0, 0], [1, 0, 0, 0]],
             "wgrad": [[0, 0, 0, 0]]},
-    "cuda": {"fwd": [[0, 0, 0, 0], [0, 0, 0, -1]], "dgrad": [[0, 0, 0, 0], [0, 0, 0, -1]],
+    "cuda": {"fwd": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0]],
+             "dgrad": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0]],
              "wgrad": [[0, 0, 0, 0]]},
 }
 _NONDETERMINISTIC = {"cpu": set(), "cuda": set()}

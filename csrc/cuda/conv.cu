@@ -14,10 +14,11 @@
 **   - everything else (float32, odd channels such as the 4-5 input channels of
 **     a LiDAR net, misaligned views): conv_simple.cu, correct for any shape.
 ** Every dataflow value of prob->algo is served by the output-stationary
-** kernels for now; tile and split are not read.  The tensor-core kernels
-** walk rows in prob->order / order_t (mask-sorted) when given, unless
-** algo.threshold == -1 (unsorted, the tuner's other candidate).  All paths are deterministic
-** (no float atomics): wgrad's split over rows reduces in a fixed order.
+** kernels for now; split is not read; tile picks the tensor-core tile shape
+** (conv_implicit_gemm.cu).  The tensor-core kernels walk rows in
+** prob->order / order_t (mask-sorted) when given, unless algo.threshold ==
+** -1 (unsorted).  All paths are deterministic (no float atomics): wgrad's
+** split over rows reduces in a fixed order.
 ** float64 is TSP_ERR_UNSUPPORTED (the CPU kernels serve gradcheck).
 **
 ** Measured (H100, tools/bench.py, fp16, lidar_198k.npz, map cached, CUDA
@@ -78,7 +79,7 @@ size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
 static tsp_status output_stationary(tsp_dtype dtype, const void *src, int64_t src_rows,
                                     const void *w, const int32_t *map, const int32_t *order,
                                     int64_t rows,
-                                    int64_t volume, int64_t red, int64_t n, int transposed_w,
+                                    int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
                                     void *out, cudaStream_t stream) {
   if (rows == 0 || n == 0) return TSP_OK;
   if (red == 0 || src_rows == 0) /* no term in any sum */
@@ -87,7 +88,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const void *src, int64_t sr
                           "tsp_conv: zero output");
   if (fast_dtype(dtype) && tensor_cores_available()) {
     tsp_status s = tsp_conv_igemm_os(dtype, src, src_rows, w, map, order, rows, volume, red, n,
-                                     transposed_w, out, stream);
+                                     transposed_w, tile, out, stream);
     if (s != TSP_ERR_UNSUPPORTED) return s;
   }
   return tsp_conv_simple_os(dtype, src, src_rows, w, map, rows, volume, red, n, transposed_w, out,
@@ -103,7 +104,7 @@ tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const 
   if (s != TSP_OK) return s;
   const int32_t *order = prob->algo.threshold == -1 ? NULL : prob->order;
   return output_stationary(prob->dtype, x, prob->n_in, w, nbmap, order, prob->n_out, prob->volume,
-                           prob->c_in, prob->c_out, 0, y, (cudaStream_t)stream);
+                           prob->c_in, prob->c_out, 0, prob->algo.tile, y, (cudaStream_t)stream);
 }
 
 tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, const void *w,
@@ -115,7 +116,7 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
   if (s != TSP_OK) return s;
   const int32_t *order = prob->algo.threshold == -1 ? NULL : prob->order_t;
   return output_stationary(prob->dtype, dy, prob->n_out, w, nbmap_t, order, prob->n_in, prob->volume,
-                           prob->c_out, prob->c_in, 1, dx, (cudaStream_t)stream);
+                           prob->c_out, prob->c_in, 1, prob->algo.tile, dx, (cudaStream_t)stream);
 }
 
 tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, const void *dy,

@@ -301,27 +301,46 @@ static tsp_status launch_igemm(const void *src, int64_t src_rows, const void *w,
   return tsp_cuda_check_launch("tsp_conv_igemm_os");
 }
 
-/* Tile by produced channels: BN covers n when n <= 64, so each gathered row
-** is read once per offset; wider layers take 128 x 128 tiles with 8 warps. */
+/* Tile shapes, chosen by algo.tile (the tuner measures them):
+**   0: by produced channels: BN covers n when n <= 64, so each gathered row is
+**      read once per offset; wider layers take 128 x 128 tiles with 8 warps;
+**   1: 64-row tiles: fewer offsets in the union of a tile's rows (sorted rows
+**      change mask every few rows), twice the blocks, half the weight reuse;
+**   2: n > 128: 128 x 256 tiles with 16 warps, so C = 256 gathers each source
+**      row once per offset instead of twice; otherwise as 0.
+** Any other value is 0. */
 template <typename T, bool TW>
 static tsp_status dispatch_igemm(const void *src, int64_t src_rows, const void *w,
                                  const int32_t *map, const int32_t *order, int64_t rows,
-                                 int64_t volume, int64_t red, int64_t n, void *out,
+                                 int64_t volume, int64_t red, int64_t n, int tile, void *out,
                                  cudaStream_t stream) {
+  if (tile == 1) {
+    if (n <= 32)
+      return launch_igemm<T, igemm_cfg<64, 32, 32, 32, 32, 4, TW> >(src, src_rows, w, map, order,
+                                                                   rows, volume, red, n, out, stream);
+    if (n <= 64)
+      return launch_igemm<T, igemm_cfg<64, 64, 32, 32, 32, 4, TW> >(src, src_rows, w, map, order,
+                                                                   rows, volume, red, n, out, stream);
+    return launch_igemm<T, igemm_cfg<64, 128, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order,
+                                                                  rows, volume, red, n, out, stream);
+  }
   if (n <= 32)
-    return launch_igemm<T, igemm_cfg<128, 32, 32, 32, 32, 4, TW> >(src, src_rows, w, map, order, rows,
-                                                                    volume, red, n, out, stream);
+    return launch_igemm<T, igemm_cfg<128, 32, 32, 32, 32, 4, TW> >(src, src_rows, w, map, order,
+                                                                    rows, volume, red, n, out, stream);
   if (n <= 64)
-    return launch_igemm<T, igemm_cfg<128, 64, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order, rows,
-                                                                    volume, red, n, out, stream);
-  return launch_igemm<T, igemm_cfg<128, 128, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order, rows,
-                                                                   volume, red, n, out, stream);
+    return launch_igemm<T, igemm_cfg<128, 64, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order,
+                                                                    rows, volume, red, n, out, stream);
+  if (tile == 2 && n > 128)
+    return launch_igemm<T, igemm_cfg<128, 256, 32, 32, 64, 3, TW> >(src, src_rows, w, map, order,
+                                                                     rows, volume, red, n, out, stream);
+  return launch_igemm<T, igemm_cfg<128, 128, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order,
+                                                                   rows, volume, red, n, out, stream);
 }
 
 tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
                              const int32_t *map, const int32_t *order, int64_t rows,
-                             int64_t volume, int64_t red, int64_t n, int transposed_w, void *out,
-                             cudaStream_t stream) {
+                             int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
+                             void *out, cudaStream_t stream) {
   if (red % 8 != 0 || n % 8 != 0 || red <= 0 || n <= 0 || volume > TSP_IGEMM_MAX_VOLUME ||
       red > 0x7fffffff || n > 0x7fffffff || src_rows > 0x7fffffff)
     return TSP_ERR_UNSUPPORTED;
@@ -331,14 +350,14 @@ tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows,
   switch (dtype) {
   case TSP_FLOAT16:
     return transposed_w ? dispatch_igemm<__half, true>(src, src_rows, w, map, order, rows, volume, red, n,
-                                                       out, stream)
+                                                       tile, out, stream)
                         : dispatch_igemm<__half, false>(src, src_rows, w, map, order, rows, volume, red,
-                                                        n, out, stream);
+                                                        n, tile, out, stream);
   case TSP_BFLOAT16:
     return transposed_w ? dispatch_igemm<__nv_bfloat16, true>(src, src_rows, w, map, order, rows, volume,
-                                                              red, n, out, stream)
+                                                              red, n, tile, out, stream)
                         : dispatch_igemm<__nv_bfloat16, false>(src, src_rows, w, map, order, rows,
-                                                               volume, red, n, out, stream);
+                                                               volume, red, n, tile, out, stream);
   default:
     return TSP_ERR_UNSUPPORTED;
   }

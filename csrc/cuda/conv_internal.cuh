@@ -126,8 +126,8 @@ tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int6
 enum { TSP_IGEMM_MAX_VOLUME = 64 };
 tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
                              const int32_t *map, const int32_t *order, int64_t rows,
-                             int64_t volume, int64_t red, int64_t n, int transposed_w, void *out,
-                             cudaStream_t stream);
+                             int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
+                             void *out, cudaStream_t stream);
 tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);
