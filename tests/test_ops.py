@@ -206,3 +206,16 @@ def test_row_order_bad_shape(device):
     with pytest.raises(RuntimeError, match="order_t.*int32"):
         ops.conv_dgrad(torch.zeros(nbmap.shape[0], 8, dtype=_dtype(device), device=device), w, nbmap_t, ALGO,
                        torch.zeros(nbmap_t.shape[0], dtype=torch.int64, device=device))
+
+
+def test_mask_order_bad_input(device):
+    """mask_order names its argument for a wrong dtype, rank or width; empty maps give an empty order."""
+    with pytest.raises(RuntimeError, match="nbmap.*int32"):
+        ops.mask_order(torch.zeros(4, 27, dtype=torch.int64, device=device))
+    with pytest.raises(RuntimeError, match="nbmap"):
+        ops.mask_order(torch.zeros(27, dtype=torch.int32, device=device))
+    with pytest.raises(RuntimeError, match="nbmap.*offsets"):
+        ops.mask_order(torch.zeros(4, 64, dtype=torch.int32, device=device))
+    assert torchsp.kmap.mask_order(torch.zeros(4, 125, dtype=torch.int32, device=device)) is None
+    e = ops.mask_order(torch.empty(0, 27, dtype=torch.int32, device=device))
+    assert e.shape == (0,) and e.dtype == torch.int32

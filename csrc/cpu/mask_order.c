@@ -21,10 +21,11 @@ static int cmp_mask_row(const void *a, const void *b) {
 }
 
 tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume, int32_t *order) {
+  /* Empty tensors may have NULL data. */
+  if (n_rows == 0 && volume >= 1 && volume <= TSP_MASK_ORDER_MAX_VOLUME) return TSP_OK;
   if (!map || !order || n_rows < 0 || volume < 1 || volume > TSP_MASK_ORDER_MAX_VOLUME ||
       n_rows > 0x7fffffffLL)
     return TSP_ERR_ARGUMENT;
-  if (n_rows == 0) return TSP_OK;
   mask_row *tmp = (mask_row *)malloc((size_t)n_rows * sizeof(mask_row));
   if (!tmp) return TSP_ERR_ALLOC;
 #pragma omp parallel for schedule(static)

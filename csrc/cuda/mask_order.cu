@@ -75,10 +75,11 @@ static tsp_status mask_order(const int32_t *map, int64_t n, int volume, int32_t 
 
 tsp_status tsp_mask_order_cuda(const int32_t *map, int64_t n_rows, int64_t volume, int32_t *order,
                                void *workspace, size_t workspace_bytes, tsp_cuda_stream stream) {
+  if (n_rows == 0 && volume >= 1 && volume <= TSP_MASK_ORDER_MAX_VOLUME)
+    return TSP_OK; /* empty tensors may have NULL data */
   if (!map || !order || n_rows < 0 || volume < 1 || volume > TSP_MASK_ORDER_MAX_VOLUME ||
       n_rows > 0x7fffffffLL)
     return TSP_ERR_ARGUMENT;
-  if (n_rows == 0) return TSP_OK;
   cudaStream_t st = (cudaStream_t)stream;
   return volume <= 32
              ? mask_order<uint32_t>(map, n_rows, (int)volume, order, workspace, workspace_bytes, st)
