@@ -114,6 +114,15 @@ void check_cuda_dtype(const at::Tensor &t, const char *op, const char *arg) {
               "bfloat16 on the GPU (float64 works on the CPU)");
 }
 
+/* A checked optional row order as a contiguous tensor (kept alive by the
+** caller) and its data pointer in *ptr; undefined and NULL when absent. */
+at::Tensor contiguous_order(const std::optional<at::Tensor> &o, const int32_t **ptr) {
+  if (!o.has_value() || !o->defined()) return at::Tensor();
+  at::Tensor t = o->contiguous();
+  *ptr = t.data_ptr<int32_t>();
+  return t;
+}
+
 at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::Tensor &nbmap_,
                          const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
                          c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
@@ -128,11 +137,7 @@ at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::T
   check_cuda_dtype(x_, op, "x");
   c10::cuda::CUDAGuard guard(x_.device());
   at::Tensor x = x_.contiguous(), w = w_.contiguous(), nbmap = nbmap_.contiguous();
-  at::Tensor order;
-  if (order_.has_value() && order_->defined()) {
-    order = order_->contiguous();
-    p.order = order.data_ptr<int32_t>();
-  }
+  at::Tensor order = contiguous_order(order_, &p.order);
   at::Tensor y = at::empty({p.n_out, p.c_out}, x.options());
   if (p.n_out == 0 || p.c_out == 0) return y;
   if (p.n_in == 0 || p.c_in == 0 || p.volume == 0) return y.zero_();
@@ -153,11 +158,7 @@ at::Tensor conv_dgrad_cuda(const at::Tensor &dy_, const at::Tensor &w_,
   check_cuda_dtype(dy_, op, "dy");
   c10::cuda::CUDAGuard guard(dy_.device());
   at::Tensor dy = dy_.contiguous(), w = w_.contiguous(), nbmap_t = nbmap_t_.contiguous();
-  at::Tensor order_t;
-  if (order_t_.has_value() && order_t_->defined()) {
-    order_t = order_t_->contiguous();
-    p.order_t = order_t.data_ptr<int32_t>();
-  }
+  at::Tensor order_t = contiguous_order(order_t_, &p.order_t);
   at::Tensor dx = at::empty({p.n_in, p.c_in}, dy.options());
   if (p.n_in == 0 || p.c_in == 0) return dx;
   if (p.n_out == 0 || p.c_out == 0 || p.volume == 0) return dx.zero_();

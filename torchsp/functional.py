@@ -64,7 +64,7 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     geom = ConvGeometry(kernel_size, stride, dilation, padding, transposed, generative, rule)
     feats = input.feats
     # Under torch.autocast a sparse conv runs in the autocast dtype, as F.conv3d does.
-    amp = _autocast_dtype(feats.device.type) if isinstance(feats, torch.Tensor) else None
+    amp = _autocast_dtype(feats.device.type)
     if amp is not None and feats.dtype in _FLOATS and isinstance(weight, torch.Tensor) and weight.dtype in _FLOATS:
         feats, weight = feats.to(amp), weight.to(amp)
         bias = bias.to(amp) if bias is not None else None

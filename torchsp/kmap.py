@@ -82,6 +82,17 @@ class ConvGeometry:
                 self.generative, self.rule)
 
 
+def _cached_out_coords(cache, key, coords, geom, step, sign, lattice, floor_rule):
+    """torch.ops.torchsp.out_coords, once per coordinate key: every layer of a model that
+    downsamples (or generates from) the same tensor the same way reuses one set."""
+    out = cache.out_coords.get(key)
+    if out is None:
+        out = torch.ops.torchsp.out_coords(coords, geom.kernel_size, geom.dilation, geom.padding, step, sign,
+                                           lattice, floor_rule)
+        cache.out_coords[key] = out
+    return out
+
+
 def output_coords(input, geom):
     """(out_coords, out_stride, out_coord_key, step, sign) of a conv on `input`."""
     t = input.stride
@@ -96,11 +107,7 @@ def output_coords(input, geom):
             return input.coords, t, input.coord_key, step, sign
         if geom.generative:
             key = ("transposed_generative", input.coord_key, geom.key())
-            out = cache.out_coords.get(key)
-            if out is None:
-                out = torch.ops.torchsp.out_coords(input.coords, geom.kernel_size, geom.dilation, geom.padding,
-                                                   step, -1, out_stride, False)
-                cache.out_coords[key] = out
+            out = _cached_out_coords(cache, key, input.coords, geom, step, -1, out_stride, False)
             return out, out_stride, key, step, sign
         if out_stride not in cache.coords_by_stride:
             raise ValueError(
@@ -114,12 +121,7 @@ def output_coords(input, geom):
         return input.coords, t, input.coord_key, step, sign
     kind = "generative" if geom.stride == (1, 1, 1) else "strided"
     key = (kind, input.coord_key, geom.key())
-    # Every layer of a model that downsamples the same tensor the same way reuses one set.
-    out = cache.out_coords.get(key)
-    if out is None:
-        out = torch.ops.torchsp.out_coords(input.coords, geom.kernel_size, geom.dilation, geom.padding, step, 1,
-                                           out_stride, geom.rule == "floor")
-        cache.out_coords[key] = out
+    out = _cached_out_coords(cache, key, input.coords, geom, step, 1, out_stride, geom.rule == "floor")
     cache.coords_by_stride.setdefault(t, (input.coords, input.coord_key))
     cache.coords_by_stride.setdefault(out_stride, (out, key))
     return out, out_stride, key, step, sign
