@@ -32,6 +32,11 @@ def _want_cuda():
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
+def _want_wgmma():
+    """wgmma kernels (conv_wgmma.cu) are built for sm_90a: TORCH_CUDA_ARCH_LIST=9.0a."""
+    return "9.0a" in os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split()
+
+
 def _write_build_info(with_cuda):
     """Record the torch this build is for; torchsp/_loader.py compares at import."""
     path = os.path.join(ROOT, "torchsp", "_build_info.py")
@@ -40,6 +45,7 @@ def _write_build_info(with_cuda):
         f"TORCH_VERSION = {torch.__version__!r}\n"
         f"CUDA_VERSION = {(torch.version.cuda if with_cuda else None)!r}\n"
         f"WITH_CUDA = {bool(with_cuda)!r}\n"
+        f"WITH_WGMMA = {bool(with_cuda and _want_wgmma())!r}\n"
         f"VERSION = {VERSION!r}\n"
     )
     with open(path, "w") as f:
@@ -87,6 +93,8 @@ def _extension():
         sources += _rel([os.path.join(ROOT, "csrc", "shim_cuda.cpp")])
         sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
         nvcc = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
+        if _want_wgmma():
+            nvcc.append("-DTSP_WGMMA")
         return CUDAExtension(sources=sources, extra_compile_args={"cxx": cxx, "nvcc": nvcc}, **kwargs)
     return CppExtension(sources=sources, extra_compile_args={"cxx": cxx}, **kwargs)
 

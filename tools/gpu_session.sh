@@ -31,7 +31,7 @@ stage_test() {
   # the others.  TEST_K (default: the CUDA cases; the CPU half runs in CI) selects.
   local t=$SECONDS
   mkdir -p /tmp/tlogs && rm -f /tmp/tlogs/*
-  ls tests/test_*.py | grep -v "${TEST_SKIP_FILES:-test_examples}" | xargs -P 4 -I{} sh -c \
+  ls ${TEST_FILES:-tests/test_*.py} | grep -v "${TEST_SKIP_FILES:-test_examples}" | xargs -P 4 -I{} sh -c \
     'python3 -X faulthandler -m pytest -q -rf -p no:cacheprovider -k "${TEST_K:-not cpu}" "{}" > /tmp/tlogs/$(basename "{}").log 2>&1; echo "rc=$?" >> /tmp/tlogs/$(basename "{}").log'
   : > "$OUT/tests.log"
   for f in /tmp/tlogs/*.log; do
@@ -40,6 +40,30 @@ stage_test() {
   done
   note "tests: $((SECONDS - t)) s"
   grep -E "^(FAILED|ERROR)|Fatal Python" "$OUT/tests.log" | head -30 | tee -a "$summary"
+}
+
+stage_testx() {
+  # The same CUDA cases as stage_test in one pytest spread over CPU cores (pytest-xdist;
+  # the machine has no network: wheels carried in $WHEELS, default .gl/wheels).
+  local t=$SECONDS
+  python3 -c "import xdist" 2>/dev/null || pip install -q --no-index --find-links "${WHEELS:-.gl/wheels}" pytest-xdist > /dev/null 2>&1
+  if ! python3 -c "import xdist" 2>/dev/null; then note "testx: no pytest-xdist, running stage_test"; stage_test; return; fi
+  python3 -m pytest -q -rf -p no:cacheprovider -n ${TEST_WORKERS:-14} -k "${TEST_K:-not cpu}" \
+    --ignore=tests/test_examples.py ${TEST_FILES:-tests} > "$OUT/tests.log" 2>&1
+  note "testx: rc=$? $(tail -1 "$OUT/tests.log" | cut -c1-150) ($((SECONDS - t)) s)"
+  grep -E "^(FAILED|ERROR)|Fatal Python" "$OUT/tests.log" | head -30 | tee -a "$summary"
+}
+
+stage_selftest() {
+  # Standalone kernel-map check and timings (tools/cuda_selftest_kmap.cu, no torch).
+  local t=$SECONDS
+  nvcc -O3 -arch=sm_90 -std=c++17 -Icsrc tools/cuda_selftest_kmap.cu csrc/cuda/keys.cu csrc/cuda/kmap.cu \
+    csrc/cuda/errors.cu -o /tmp/selftest > "$OUT/selftest.log" 2>&1 && /tmp/selftest >> "$OUT/selftest.log" 2>&1
+  note "selftest kmap: rc=$? ($((SECONDS - t)) s)"; tail -25 "$OUT/selftest.log" >> "$summary"
+  compute-sanitizer --tool memcheck --error-exitcode 9 /tmp/selftest --small > /tmp/st_mem.log 2>&1
+  note "selftest kmap memcheck: rc=$? $(grep 'ERROR SUMMARY' /tmp/st_mem.log)"
+  compute-sanitizer --tool racecheck --error-exitcode 9 /tmp/selftest --small > /tmp/st_race.log 2>&1
+  note "selftest kmap racecheck: rc=$? $(grep 'RACECHECK SUMMARY\|ERROR SUMMARY' /tmp/st_race.log | tail -1)"
 }
 
 stage_sanitize() {
@@ -64,9 +88,33 @@ stage_models() {
   TORCHSP_TUNE=off PYTHONPATH=$PWD python3 examples/infer.py --device cuda --dtype float16 --voxel-size 0.05 \
     --cr 1.0 --repeats 10 >> "$OUT/models.log" 2>&1
   note "models float16, tuner off (fixed: mask-sorted output-stationary): rc=$?"; tail -2 "$OUT/models.log" | tee -a "$summary"
-  PYTHONPATH=$PWD python3 examples/train_minkunet.py --device cuda --voxel-size 0.05 --cr 1.0 --amp fp16 \
-    --steps 60 >> "$OUT/models.log" 2>&1
-  note "train amp fp16: rc=$?"; tail -2 "$OUT/models.log" | tee -a "$summary"
+  for amp in fp16 bf16; do
+    PYTHONPATH=$PWD python3 examples/train_minkunet.py --device cuda --voxel-size 0.05 --cr 1.0 --amp $amp \
+      --steps 60 >> "$OUT/models.log" 2>&1
+    note "train amp $amp: rc=$?"; tail -2 "$OUT/models.log" | tee -a "$summary"
+  done
+}
+
+stage_sass() {
+  # Which tensor-core instructions the build holds (HMMA: mma.sync, HGMMA: wgmma) and spills.
+  local so; so=$(ls torchsp/_C*.so | head -1)
+  note "sass: HMMA $(cuobjdump -sass "$so" | grep -c HMMA) HGMMA $(cuobjdump -sass "$so" | grep -c HGMMA) in $so"
+}
+
+stage_profile() {
+  # Nsight Compute over one forward of the wide layers (PROFILE_LAYERS, PROFILE_ALGOS).
+  local l a
+  for l in ${PROFILE_LAYERS:-subm3_c256}; do
+    for a in ${PROFILE_ALGOS:-0,0,0,0}; do
+      timeout 120 ncu --clock-control none --kernel-name regex:${PROFILE_KERNEL:-igemm} --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis ${PROFILE_EXTRA:-} \
+        python3 tools/profile_conv.py $l --algo $a >> "$OUT/profile.log" 2>&1
+      note "profile $l $a: rc=$?"
+    done
+  done
+  [ -n "${PROFILE_EXTRA:-}" ] && grep -E "stalled|pipe_tensor|lts__t_bytes|bank_conflicts|igemm_os_kernel|wgmma_os_kernel" "$OUT/profile.log" | grep -v "^==" | awk '$NF+0 > 0.5 || /kernel/' >> "$summary"
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Stall|Issue Slots Busy|L2 Hit|Block Limit" "$OUT/profile.log" | head -60 >> "$summary"
 }
 
 stage_peers() {

@@ -48,7 +48,8 @@ PASSES = ("fwd", "dgrad", "wgrad")
 # The first is the reference each candidate is checked against.  CUDA has one
 # dataflow today, output-stationary, walked in mask-sorted row order (threshold 0)
 # or in map order (threshold -1), with tile shape 0, 1 (64-row tiles) or 2 (128 x 256
-# tiles when Cout > 128); all atomic-free and deterministic.
+# tiles when Cout > 128), plus tile 9 (wgmma, 256-row tiles) on sm_90a builds; all
+# atomic-free and deterministic.
 _CANDIDATES = {
     "cpu": {"fwd": [[0, 0, 0, 0], [1, 0, 0, 0]], "dgrad": [[0, 0, 0, 0], [1, 0, 0, 0]],
             "wgrad": [[0, 0, 0, 0]]},
@@ -59,9 +60,19 @@ _CANDIDATES = {
 _NONDETERMINISTIC = {"cpu": set(), "cuda": set()}
 
 
+def _wgmma_available():
+    """True when this build has the sm_90a wgmma kernels and the current GPU is an sm_90 part."""
+    from . import _build_info
+    if not getattr(_build_info, "WITH_WGMMA", False) or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
 def candidates(device_type, pass_name, kernel_size=None, deterministic=False):
     """Algorithms eligible for a pass on a device type (hybrid thresholds expanded per kernel)."""
     out = [list(a) for a in _CANDIDATES.get(device_type, _CANDIDATES["cpu"])[pass_name]]
+    if device_type == "cuda" and pass_name != "wgrad" and _wgmma_available():
+        out.append([0, 9, 0, 0])  # wgmma, 256-row tiles (conv_wgmma.cu)
     if device_type == "cuda" and kernel_size is not None and pass_name != "wgrad" and 2 in _hybrid_passes():
         l1 = sorted(set(offset_l1(kernel_size, (1, 1, 1), tuple((k - 1) // 2 for k in kernel_size))))
         out += [[2, 0, 0, t] for t in l1[1:]]

@@ -37,6 +37,7 @@
 */
 #include "conv_internal.cuh"
 #include "conv_mma.cuh"
+#include "conv_tile.cuh"
 
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TW_> struct igemm_cfg {
   enum {
@@ -63,7 +64,6 @@ __global__ void __launch_bounds__(CFG::THREADS)
   enum { BM = CFG::BM, BN = CFG::BN, BK = CFG::BK, STAGES = CFG::STAGES, NT = CFG::THREADS };
   enum { MI = CFG::MI, NI = CFG::NI, A_LD = CFG::A_LD, B_LD = CFG::B_LD };
   static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
-  static_assert(BM / 16 <= 32, "row-group masks are 32-bit");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *s_a = (T *)smem_raw;
@@ -80,70 +80,10 @@ __global__ void __launch_bounds__(CFG::THREADS)
   const int64_t mt = blockIdx.x / tiles_n;
   const int n0 = (int)(blockIdx.x - mt * tiles_n) * BN;
   const int64_t row0 = mt * BM;
-  const int64_t rows_here = rows - row0 < BM ? rows - row0 : BM;
 
-  /* 1. The tile's map entries and the per-offset masks of 16-row groups.
-  ** The BM x V entries are contiguous: copy them with cp.async so that every
-  ** load is in flight at once (a plain load loop around the atomics below was
-  ** issued one round trip at a time), then sanitise in shared memory. */
-  const int total = (int)rows_here * volume;
-  if (order == nullptr) {
-    const int32_t *map_tile = map + row0 * volume;
-    int head = 0;
-    if (((uintptr_t)map_tile & 15) == 0) { /* true whenever map itself is 16-byte aligned */
-      head = total & ~3;
-      for (int i = 4 * tid; i < head; i += 4 * NT) tsp_cp_async16(s_nb + i, map_tile + i, true);
-    }
-    tsp_cp_async_commit();
-    for (int i = head + tid; i < total; i += NT) s_nb[i] = map_tile[i];
-    for (int i = tid; i < BM; i += NT) s_rows[i] = i < rows_here ? (int32_t)(row0 + i) : -1;
-  } else {
-    /* Rows named by order are scattered: 4-byte loads, one row per step of
-    ** `volume` threads' worth; an entry outside [0, rows) names no row. */
-    for (int i = tid; i < BM; i += NT) {
-      int32_t r = i < rows_here ? order[row0 + i] : -1;
-      s_rows[i] = (r >= 0 && (int64_t)r < rows) ? r : -1;
-    }
-    __syncthreads();
-    for (int i = tid; i < total; i += NT) {
-      const int rr = i / volume;
-      const int32_t r = s_rows[rr];
-      s_nb[i] = r >= 0 ? map[(int64_t)r * volume + (i - rr * volume)] : -1;
-    }
-  }
-  for (int i = tid; i < volume; i += NT) s_groups[i] = 0;
-  tsp_cp_async_wait<0>();
-  __syncthreads();
-  /* One warp per 16-row group, one lane per offset: no division, one shared
-  ** atomic per (group, offset) instead of one per entry. */
-  for (int g = warp; g < BM / 16; g += CFG::WARPS)
-    for (int k = lane; k < volume; k += 32) {
-      bool any = false;
-#pragma unroll 4
-      for (int rr = 0; rr < 16; ++rr) {
-        const int i = (g * 16 + rr) * volume + k;
-        int32_t p = i < total ? s_nb[i] : -1;
-        if (p < 0 || (int64_t)p >= src_rows) p = -1;
-        s_nb[i] = p;
-        any |= p >= 0;
-      }
-      if (any) atomicOr(&s_groups[k], 1u << g);
-    }
-  __syncthreads();
-
-  /* 2. Offsets some row of the tile uses, in increasing k. */
-  if (warp == 0) {
-    int count = 0;
-    for (int base = 0; base < volume; base += 32) {
-      const int k = base + lane;
-      const bool used = k < volume && s_groups[k] != 0;
-      const unsigned ballot = __ballot_sync(0xffffffffu, used);
-      if (used) s_list[count + __popc(ballot & ((1u << lane) - 1))] = k;
-      count += __popc(ballot);
-    }
-    if (lane == 0) *s_count = count;
-  }
-  __syncthreads();
+  /* 1-2. The tile's map entries, per-offset masks of 16-row groups, used offsets. */
+  tsp_tile_offsets<BM, NT>(map, order, rows, row0, volume, src_rows, s_nb, s_rows, s_groups,
+                           s_list, s_count);
   const int chunks = (red + BK - 1) / BK;
   const int steps = *s_count * chunks;
 
@@ -307,8 +247,14 @@ static tsp_status launch_igemm(const void *src, int64_t src_rows, const void *w,
 **   1: 64-row tiles: fewer offsets in the union of a tile's rows (sorted rows
 **      change mask every few rows), twice the blocks, half the weight reuse;
 **   2: n > 128: 128 x 256 tiles with 16 warps, so C = 256 gathers each source
-**      row once per offset instead of twice; otherwise as 0.
-** Any other value is 0. */
+**      row once per offset instead of twice; otherwise as 0;
+**   3: red >= 64: 64-channel reduction chunks (BK = 64, 3 stages): half the
+**      barriers per mma and 128-byte gathered row segments, one block per SM
+**      at n > 64; otherwise as 0.
+**   4: n > 64: 64 x 64 warp tiles (4 warps for 128 x 128): twice the mma per
+**      ldmatrix of 0's 32 x 64 warps, fewer warps to hide latency;
+**   5: n > 128: 128 x 256 tiles of 64 x 64 warps (8 warps); otherwise as 4.
+** Any other value is 0; 6 and 7 are the wgmma kernels (conv_wgmma.cu). */
 template <typename T, bool TW>
 static tsp_status dispatch_igemm(const void *src, int64_t src_rows, const void *w,
                                  const int32_t *map, const int32_t *order, int64_t rows,
@@ -323,6 +269,20 @@ static tsp_status dispatch_igemm(const void *src, int64_t src_rows, const void *
                                                                    rows, volume, red, n, out, stream);
     return launch_igemm<T, igemm_cfg<64, 128, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order,
                                                                   rows, volume, red, n, out, stream);
+  }
+  if ((tile == 4 || tile == 5) && n > 64) {
+    if (tile == 5 && n > 128)
+      return launch_igemm<T, igemm_cfg<128, 256, 32, 64, 64, 3, TW> >(src, src_rows, w, map, order,
+                                                                       rows, volume, red, n, out, stream);
+    return launch_igemm<T, igemm_cfg<128, 128, 32, 64, 64, 4, TW> >(src, src_rows, w, map, order,
+                                                                     rows, volume, red, n, out, stream);
+  }
+  if (tile == 3 && red >= 64) {
+    if (n <= 64)
+      return launch_igemm<T, igemm_cfg<128, 64, 64, 32, 64, 3, TW> >(src, src_rows, w, map, order,
+                                                                      rows, volume, red, n, out, stream);
+    return launch_igemm<T, igemm_cfg<128, 128, 64, 32, 64, 3, TW> >(src, src_rows, w, map, order,
+                                                                     rows, volume, red, n, out, stream);
   }
   if (n <= 32)
     return launch_igemm<T, igemm_cfg<128, 32, 32, 32, 32, 4, TW> >(src, src_rows, w, map, order,

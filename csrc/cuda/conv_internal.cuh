@@ -131,6 +131,15 @@ tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows,
 tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);
+/* The wgmma kernels (sm_90a builds only, tile 6 or 7; TSP_ERR_UNSUPPORTED
+** otherwise).  Forward (transposed_w == 0) needs tsp_conv_wgmma_workspace
+** bytes of workspace for a K-major copy of w. */
+size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n);
+tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
+                             const int32_t *map, const int32_t *order, int64_t rows,
+                             int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
+                             void *out, void *workspace, size_t workspace_bytes,
+                             cudaStream_t stream);
 
 
 #endif /* TSP_CONV_INTERNAL_CUH */

@@ -1,0 +1,102 @@
+/*
+** conv_tile.cuh: the first phase that both output-stationary tensor-core
+** kernels (conv_implicit_gemm.cu: mma.sync, conv_wgmma.cu: wgmma) share: a
+** block of BM output rows reads its rows' map entries into shared memory and
+** lists the offsets that some row of the tile uses.
+**
+** Why shared: the row order, the sanitising of map entries and the per-offset
+** 16-row-group masks must agree exactly between the two kernels, which are
+** tested against the same reference.
+**
+** Output, all in shared memory:
+**   s_nb[BM * volume]  map entry of (tile row i, offset k), or -1 (absent, or
+**                      outside [0, src_rows), or a tile row past the end);
+**   s_rows[BM]         the map row of tile row i (order[row0 + i] or row0 + i),
+**                      -1 when none: its output is not written;
+**   s_groups[volume]   bit g set when a row of 16-row group g uses offset k;
+**   s_list[volume], *s_count: the offsets with s_groups[k] != 0, increasing.
+** Ends with a __syncthreads(); every thread of the block must call it.
+*/
+#ifndef TSP_CONV_TILE_CUH
+#define TSP_CONV_TILE_CUH
+
+#include <stdint.h>
+
+#include "conv_mma.cuh"
+
+template <int BM, int NT>
+static __device__ __forceinline__ void tsp_tile_offsets(
+    const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
+    int64_t row0, int volume, int64_t src_rows, int32_t *s_nb, int32_t *s_rows,
+    uint32_t *s_groups, int32_t *s_list, int32_t *s_count) {
+  static_assert(BM / 16 <= 32, "row-group masks are 32-bit");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t rows_here = rows - row0 < BM ? rows - row0 : BM;
+  /* The BM x V entries of consecutive rows are contiguous: cp.async puts every
+  ** load in flight at once (a plain load loop was issued one round trip at a
+  ** time); sanitised below in shared memory. */
+  const int total = (int)rows_here * volume;
+  if (order == nullptr) {
+    const int32_t *map_tile = map + row0 * volume;
+    int head = 0;
+    if (((uintptr_t)map_tile & 15) == 0) { /* true whenever map itself is 16-byte aligned */
+      head = total & ~3;
+      for (int i = 4 * tid; i < head; i += 4 * NT) tsp_cp_async16(s_nb + i, map_tile + i, true);
+    }
+    tsp_cp_async_commit();
+    for (int i = head + tid; i < total; i += NT) s_nb[i] = map_tile[i];
+    for (int i = tid; i < BM; i += NT) s_rows[i] = i < rows_here ? (int32_t)(row0 + i) : -1;
+  } else {
+    /* Rows named by order are scattered.  One thread per (row, share of the
+    ** offsets) reads its order entry, then the row's entries as independent
+    ** loads: two memory round trips per tile.  (A flat loop over the BM x V
+    ** entries, each behind a shared-memory read of its row, issued them one
+    ** round trip at a time: ncu showed long-scoreboard stalls as a quarter of
+    ** the wgmma kernel's stall cycles at 1 block per SM.)  An entry outside
+    ** [0, rows) names no row. */
+    enum { PARTS = NT / BM >= 1 ? NT / BM : 1 };
+    for (int i = tid; i < BM * PARTS; i += NT) {
+      const int rr = i % BM, part = i / BM;
+      int32_t r = rr < rows_here ? order[row0 + rr] : -1;
+      if (r < 0 || (int64_t)r >= rows) r = -1;
+      if (part == 0) s_rows[rr] = r;
+      const int32_t *mrow = map + (int64_t)(r >= 0 ? r : 0) * volume;
+#pragma unroll 8
+      for (int k = part; k < volume; k += PARTS) s_nb[rr * volume + k] = r >= 0 ? mrow[k] : -1;
+    }
+  }
+  for (int i = tid; i < volume; i += NT) s_groups[i] = 0;
+  tsp_cp_async_wait<0>();
+  __syncthreads();
+  /* One warp per 16-row group, one lane per offset: no division, one shared
+  ** atomic per (group, offset) instead of one per entry. */
+  for (int g = warp; g < BM / 16; g += NT / 32)
+    for (int k = lane; k < volume; k += 32) {
+      bool any = false;
+#pragma unroll 4
+      for (int rr = 0; rr < 16; ++rr) {
+        const int i = (g * 16 + rr) * volume + k;
+        int32_t p = i < total ? s_nb[i] : -1;
+        if (p < 0 || (int64_t)p >= src_rows) p = -1;
+        s_nb[i] = p;
+        any |= p >= 0;
+      }
+      if (any) atomicOr(&s_groups[k], 1u << g);
+    }
+  __syncthreads();
+  /* Offsets some row of the tile uses, in increasing k (a warp ballot compacts). */
+  if (warp == 0) {
+    int count = 0;
+    for (int base = 0; base < volume; base += 32) {
+      const int k = base + lane;
+      const bool used = k < volume && s_groups[k] != 0;
+      const unsigned ballot = __ballot_sync(0xffffffffu, used);
+      if (used) s_list[count + __popc(ballot & ((1u << lane) - 1))] = k;
+      count += __popc(ballot);
+    }
+    if (lane == 0) *s_count = count;
+  }
+  __syncthreads();
+}
+
+#endif /* TSP_CONV_TILE_CUH */

@@ -1,0 +1,405 @@
+/*
+** conv_wgmma.cu: forward and dgrad on Hopper's warpgroup tensor-core
+** instruction (wgmma.mma_async, sm_90a), fp16/bf16 with fp32 accumulation.
+** Same problem, map handling and row order as conv_implicit_gemm.cu
+** (out[r] = sum_k src[map[r, k]] @ W_k, output-stationary, deterministic).
+**
+** Why a second kernel: at C >= 128 the layer is compute-bound and the
+** mma.sync kernel keeps the tensor pipe ~27% busy (ncu, C = 256: issue-bound
+** on ldmatrix and fragment traffic).  wgmma reads both operands from shared
+** memory itself, so a warpgroup issues one instruction per 64 x N x 16 block
+** instead of 8-32 mma.sync plus their ldmatrix.
+**
+** One block = two warpgroups (256 threads) computing a 128 MW x BN tile;
+** warpgroup g owns tile rows [64 MW g, 64 MW (g + 1)), MW m64 blocks.  Per tile (conv_tile.cuh) the rows'
+** map entries and the offsets used are listed; then a STAGES-deep cp.async
+** pipeline walks (offset, BK-channel chunk) steps and each warpgroup issues
+** BK / 16 wgmma per m64 block for a step unless none of the block's 64 rows
+** uses the step's offset (mask-sorted rows make that frequent).
+**
+** Shared-memory operand layout: both operands K-major without swizzle, in
+** 8 x 16-byte "core matrices": element (r, c) of a [rows x BK] stage sits at
+**   (r / 8) * 8 * BK + (c / 8) * 64 + (r % 8) * 8          (elements)
+** so a core matrix is 128 contiguous bytes, the next one along K is 128 bytes
+** on (descriptor LBO) and the next 8 rows are 16 * BK bytes on (SBO).  With
+** this layout the i-th 16-byte cp.async chunk of a stage lands at byte 16 i:
+** a quarter warp writes one whole core matrix (no bank conflict), and its
+** global reads are 8 rows x 16 bytes, the lanes of one warp covering 64
+** contiguous bytes of each row.
+** B must be K-major: dgrad's w[k] is [n, red] already; forward's w[k] is
+** [red, n], so tsp_conv_wgmma_os first writes w^T into the caller's workspace
+** (V * red * n elements, ~3.5 MB at C = 256: a few microseconds).
+** Only compiled for sm_90a (TORCH_CUDA_ARCH_LIST=9.0a defines TSP_WGMMA);
+** elsewhere tsp_conv_wgmma_os answers TSP_ERR_UNSUPPORTED and conv.cu falls
+** back to the mma.sync kernel.
+*/
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TSP_WGMMA_DEVICE 1
+#endif
+
+#include "conv_internal.cuh"
+#include "conv_mma.cuh"
+#include "conv_tile.cuh"
+#include "conv_wgmma_ops.cuh"
+
+#ifdef TSP_WGMMA /* the kernels exist in sm_90a builds only */
+
+/* Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start
+** address, leading (K) and stride (8-row) byte offsets, all >> 4; base offset
+** 0 and layout type 0 (no swizzle). */
+static __device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
+  const uint64_t addr = tsp_smem_addr(smem);
+  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
+}
+
+static __device__ __forceinline__ void wg_fence() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void wg_commit() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N> static __device__ __forceinline__ void wg_wait() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* cp.async (generic proxy) writes -> wgmma (async proxy) reads of shared memory. */
+static __device__ __forceinline__ void proxy_fence() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+/* Keep the compiler from moving accumulator reads or writes across a wgmma wait. */
+template <int N> static __device__ __forceinline__ void acc_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int BN> struct wg_op;
+template <> struct wg_op<64> {
+  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_m64n64k16(d, a, b, T());
+  }
+};
+template <> struct wg_op<128> {
+  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_m64n128k16(d, a, b, T());
+  }
+};
+template <> struct wg_op<256> {
+  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_m64n256k16(d, a, b, T());
+  }
+};
+
+enum { WG_THREADS = 256 };
+
+/* MW: m64 blocks per warpgroup, so a tile has BM = 128 MW rows. */
+template <int MW, int BN, int BK, int STAGES> static size_t wg_smem_bytes(int volume) {
+  return (size_t)STAGES * (128 * MW + BN) * BK * 2 + (size_t)128 * MW * volume * 4 +
+         (size_t)volume * 8 + 16 + (size_t)128 * MW * 4;
+}
+
+/* src [src_rows, red]; w K-major: w[k] is [n, red]; out [rows, n]. */
+/* PIPE: keep one step's wgmma in flight while the next step's barrier and
+** loads are issued; stages then run STAGES - 2 steps ahead instead of
+** STAGES - 1 (the stage read by the pending wgmma is not overwritten). */
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE>
+__global__ void __launch_bounds__(WG_THREADS)
+    wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
+                    const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+                    int64_t rows, int volume, int red, int n, T *__restrict__ out) {
+  enum { BM = 128 * MW, NT = WG_THREADS, A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T *s_a = (T *)smem_raw;
+  T *s_b = s_a + STAGES * A_STAGE;
+  int32_t *s_nb = (int32_t *)(s_b + STAGES * B_STAGE);
+  uint32_t *s_groups = (uint32_t *)(s_nb + BM * volume);
+  int32_t *s_list = (int32_t *)(s_groups + volume);
+  int32_t *s_count = s_list + volume;
+  int32_t *s_rows = s_count + 4;
+
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
+  const int tiles_n = (n + BN - 1) / BN;
+  const int64_t mt = blockIdx.x / tiles_n;
+  const int n0 = (int)(blockIdx.x - mt * tiles_n) * BN;
+  const int64_t row0 = mt * BM;
+
+  tsp_tile_offsets<BM, NT>(map, order, rows, row0, volume, src_rows, s_nb, s_rows, s_groups,
+                           s_list, s_count);
+  const int chunks = (red + BK - 1) / BK;
+  const int steps = *s_count * chunks;
+
+  /* Stage loader: chunk i of a stage (16 bytes) lands at element 8 i (file header). */
+  auto load_step = [&](int li, int c0, int stage) {
+    const int k = s_list[li];
+    T *a_dst = s_a + stage * A_STAGE;
+#pragma unroll
+    for (int it = 0; it < BM * BK / 8 / NT; ++it) {
+      const int i = tid + it * NT;
+      const int r = (i / BK) * 8 + (i & 7), c = c0 + ((i >> 3) % (BK / 8)) * 8;
+      const int32_t p = s_nb[r * volume + k];
+      const bool valid = p >= 0 && c < red;
+      tsp_cp_async16(a_dst + 8 * i, valid ? src + (int64_t)p * red + c : src, valid);
+    }
+    T *b_dst = s_b + stage * B_STAGE;
+    const T *wk = w + (int64_t)k * red * n;
+#pragma unroll
+    for (int it = 0; it < (BN * BK / 8 + NT - 1) / NT; ++it) {
+      const int i = tid + it * NT;
+      if (i >= BN * BK / 8) break;
+      const int j = (i / BK) * 8 + (i & 7), c = c0 + ((i >> 3) % (BK / 8)) * 8;
+      const bool valid = n0 + j < n && c < red;
+      tsp_cp_async16(b_dst + 8 * i, valid ? wk + (int64_t)(n0 + j) * red + c : w, valid);
+    }
+  };
+
+  float acc[MW][ACC];
+#pragma unroll
+  for (int m = 0; m < MW; ++m)
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) acc[m][i] = 0.0f;
+
+  enum { AHEAD = PIPE ? STAGES - 2 : STAGES - 1 };
+  static_assert(AHEAD >= 1, "PIPE needs at least 3 stages");
+  int load_li = 0, load_c0 = 0, comp_li = 0, comp_c0 = 0;
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s) {
+    if (s < steps) {
+      load_step(load_li, load_c0, s);
+      load_c0 += BK;
+      if (load_c0 >= red) load_c0 = 0, ++load_li;
+    }
+    tsp_cp_async_commit();
+  }
+
+  for (int step = 0; step < steps; ++step) {
+    tsp_cp_async_wait<AHEAD - 1>();
+    proxy_fence();
+    __syncthreads(); /* step's stage landed for all; the stage loaded next is free */
+    if (step + AHEAD < steps) {
+      load_step(load_li, load_c0, (step + AHEAD) % STAGES);
+      load_c0 += BK;
+      if (load_c0 >= red) load_c0 = 0, ++load_li;
+    }
+    tsp_cp_async_commit();
+
+    const int stage = step % STAGES;
+    const uint32_t groups = s_groups[s_list[comp_li]];
+    comp_c0 += BK;
+    if (comp_c0 >= red) comp_c0 = 0, ++comp_li;
+    /* Warpgroup wg owns 16-row groups [4 MW wg, 4 MW (wg + 1)); m64 block m of it
+    ** is groups 4 (MW wg + m) .. + 3.  All tests are warpgroup-uniform. */
+    bool on[MW], any = false;
+#pragma unroll
+    for (int m = 0; m < MW; ++m) {
+      on[m] = ((groups >> (4 * (MW * wg + m))) & 0xFu) != 0;
+      any |= on[m];
+    }
+    if (!any) {
+      if (PIPE) wg_wait<0>(); /* the pending step's stage is reloaded after the next barrier */
+      continue;
+    }
+
+    const T *b_s = s_b + stage * B_STAGE;
+    auto issue = [&](float(&d)[ACC], int m) {
+      const T *a_s = s_a + stage * A_STAGE + (MW * wg + m) * 64 * BK;
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ++ks)
+        wg_op<BN>::template run<T>(d, wg_desc(a_s + ks * 128, 128, 16 * BK),
+                                   wg_desc(b_s + ks * 128, 128, 16 * BK));
+    };
+#pragma unroll
+    for (int m = 0; m < MW; ++m) acc_fence(acc[m]);
+    /* No branch between a fence and its wgmma: ptxas serialises wgmma issued
+    ** on a path it cannot prove uniform, so each case is straight-line code. */
+    static_assert(MW == 1 || MW == 2, "one or two m64 blocks per warpgroup");
+    if (MW == 1 || (on[0] && on[MW - 1])) {
+      wg_fence();
+#pragma unroll
+      for (int m = 0; m < MW; ++m) issue(acc[m], m);
+      wg_commit();
+    } else if (on[0]) {
+      wg_fence();
+      issue(acc[0], 0);
+      wg_commit();
+    } else {
+      wg_fence();
+      issue(acc[MW - 1], MW - 1);
+      wg_commit();
+    }
+    /* This step's stage is overwritten AHEAD steps later, after a barrier. */
+    if (PIPE)
+      wg_wait<1>();
+    else
+      wg_wait<0>();
+  }
+  wg_wait<0>();
+#pragma unroll
+  for (int m = 0; m < MW; ++m) acc_fence(acc[m]);
+  tsp_cp_async_wait<0>();
+
+  /* Epilogue: accumulator layout of conv_wgmma_ops.cuh. */
+#pragma unroll
+  for (int m = 0; m < MW; ++m)
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = n0 + j * 8 + (lane & 3) * 2;
+      if (col >= n) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int32_t r = s_rows[(MW * wg + m) * 64 + wwarp * 16 + (lane >> 2) + h * 8];
+        if (r >= 0)
+          tsp_store2(out + (int64_t)r * n + col, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+      }
+    }
+}
+
+/* wt[k][j][c] = w[k][c][j]: forward's [red, n] weights made K-major. */
+template <typename T>
+__global__ void wg_transpose_kernel(const T *__restrict__ w, int64_t volume, int red, int n,
+                                    T *__restrict__ wt) {
+  const int64_t total = volume * red * n;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t k = i / ((int64_t)red * n);
+    const int64_t rem = i - k * red * n;
+    const int j = (int)(rem / red), c = (int)(rem - (int64_t)j * red);
+    wt[i] = w[k * red * n + (int64_t)c * n + j];
+  }
+}
+
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false>
+static tsp_status launch_wgmma(const void *src, int64_t src_rows, const void *w,
+                               const int32_t *map, const int32_t *order, int64_t rows,
+                               int64_t volume, int64_t red, int64_t n, void *out,
+                               cudaStream_t stream) {
+  const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES>((int)volume);
+  static uint64_t smem_raised = 0;
+  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE>, smem,
+                                      &smem_raised, "tsp_conv_wgmma_os");
+  if (s != TSP_OK) return s;
+  const int64_t tiles = ((rows + 128 * MW - 1) / (128 * MW)) * ((n + BN - 1) / BN);
+  if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE><<<(unsigned)tiles, WG_THREADS, smem, stream>>>(
+      (const T *)src, src_rows, (const T *)w, map, order, rows, (int)volume, (int)red, (int)n,
+      (T *)out);
+  return tsp_cuda_check_launch("tsp_conv_wgmma_os");
+}
+
+/* Tile shapes (algo.tile):
+**   6: 128 x BN tiles, BK = 64, 3 stages (BN = 64, 128 or 256 covers n);
+**   7: 128 x BN tiles, BK = 32, 4 stages;
+**   8: 256 x min(BN, 128) tiles, BK = 64, 3 stages (n > 128 takes two column
+**      tiles): the weights, re-read from L2 for every (tile, offset), are most
+**      of the traffic at C >= 128 (ncu: L2 77% busy with 128-row tiles), and
+**      a 256-row tile of mask-sorted rows uses barely more offsets than a
+**      128-row one (lidar_198k at 0.1 m: 14.9 vs 13.8 of 27), so the weight
+**      bytes per output row halve;
+**   9: as 8 with 4 stages and one step's wgmma kept in flight (PIPE);
+**  10: as 6 with 4 stages and PIPE. */
+template <typename T>
+static tsp_status dispatch_wgmma(const void *src, int64_t src_rows, const void *w,
+                                 const int32_t *map, const int32_t *order, int64_t rows,
+                                 int64_t volume, int64_t red, int64_t n, int tile, void *out,
+                                 cudaStream_t stream) {
+  if (tile == 9) {
+    if (n <= 64)
+      return launch_wgmma<T, 2, 64, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+    return launch_wgmma<T, 2, 128, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+  }
+  if (tile == 10) {
+    if (n <= 64)
+      return launch_wgmma<T, 1, 64, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+    if (n <= 128)
+      return launch_wgmma<T, 1, 128, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+    return launch_wgmma<T, 1, 256, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+  }
+  if (tile == 8) {
+    if (n <= 64)
+      return launch_wgmma<T, 2, 64, 64, 3>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+    return launch_wgmma<T, 2, 128, 64, 3>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+  }
+  if (tile == 6) {
+    if (n <= 64)
+      return launch_wgmma<T, 1, 64, 64, 4>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+    if (n <= 128)
+      return launch_wgmma<T, 1, 128, 64, 3>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+    return launch_wgmma<T, 1, 256, 64, 3>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+  }
+  if (n <= 64)
+    return launch_wgmma<T, 1, 64, 32, 4>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+  if (n <= 128)
+    return launch_wgmma<T, 1, 128, 32, 4>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+  return launch_wgmma<T, 1, 256, 32, 4>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+}
+
+#endif /* TSP_WGMMA */
+
+size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n) {
+#ifdef TSP_WGMMA
+  return (size_t)(volume * red * n) * 2;
+#else
+  (void)volume, (void)red, (void)n;
+  return 0;
+#endif
+}
+
+tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
+                             const int32_t *map, const int32_t *order, int64_t rows,
+                             int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
+                             void *out, void *workspace, size_t workspace_bytes,
+                             cudaStream_t stream) {
+#ifndef TSP_WGMMA
+  (void)dtype, (void)src, (void)src_rows, (void)w, (void)map, (void)order, (void)rows;
+  (void)volume, (void)red, (void)n, (void)transposed_w, (void)tile, (void)out;
+  (void)workspace, (void)workspace_bytes, (void)stream;
+  return TSP_ERR_UNSUPPORTED;
+#else
+  if (tile < 6 || tile > 10) return TSP_ERR_UNSUPPORTED;
+  if (red % 8 != 0 || n % 8 != 0 || red <= 0 || n <= 0 || (n > 256 && tile != 8 && tile != 9) ||
+      volume > TSP_IGEMM_MAX_VOLUME || red > 0x7fffffff || src_rows > 0x7fffffff)
+    return TSP_ERR_UNSUPPORTED;
+  if (((uintptr_t)src | (uintptr_t)w) % 16 != 0 || (uintptr_t)out % 4 != 0)
+    return TSP_ERR_UNSUPPORTED;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
+      major != 9 || minor != 0)
+    return TSP_ERR_UNSUPPORTED;
+  if (rows <= 0) return TSP_OK;
+  const void *wk = w;
+  if (!transposed_w) { /* forward: make w K-major in the workspace */
+    if (workspace == NULL || workspace_bytes < tsp_conv_wgmma_workspace(volume, red, n) ||
+        (uintptr_t)workspace % 16 != 0)
+      return TSP_ERR_UNSUPPORTED;
+    const int64_t total = volume * red * n;
+    const unsigned blocks = (unsigned)((total + 255) / 256 < 132 * 8 ? (total + 255) / 256 : 132 * 8);
+    if (dtype == TSP_FLOAT16)
+      wg_transpose_kernel<__half><<<blocks, 256, 0, stream>>>((const __half *)w, volume, (int)red,
+                                                              (int)n, (__half *)workspace);
+    else
+      wg_transpose_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
+          (const __nv_bfloat16 *)w, volume, (int)red, (int)n, (__nv_bfloat16 *)workspace);
+    tsp_status s = tsp_cuda_check_launch("tsp_conv_wgmma_os: transpose w");
+    if (s != TSP_OK) return s;
+    wk = workspace;
+  }
+  switch (dtype) {
+  case TSP_FLOAT16:
+    return dispatch_wgmma<__half>(src, src_rows, wk, map, order, rows, volume, red, n, tile, out,
+                                  stream);
+  case TSP_BFLOAT16:
+    return dispatch_wgmma<__nv_bfloat16>(src, src_rows, wk, map, order, rows, volume, red, n, tile,
+                                         out, stream);
+  default:
+    return TSP_ERR_UNSUPPORTED;
+  }
+#endif
+}
