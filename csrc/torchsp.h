@@ -127,7 +127,12 @@ typedef struct {
 } tsp_conv_problem;
 
 /* Row order of a kernel map [n_rows, V] for tsp_conv_problem.order: the rows
-** stably sorted by neighbour mask (bit k set when map[r, k] >= 0), V <= 63. */
+** stably sorted by neighbour mask, V <= 63.  The mask of row r has one bit
+** per offset k, set when map[r, k] >= 0, at position rank(k): offsets ranked
+** by how many rows have them, most common first (ties by k), so that the
+** rare offsets are the most significant bits and rows sharing them are
+** adjacent (lidar_198k at 0.1 m: 12.6 offsets per 128-row tile instead of
+** 13.8 with bit k at position k). */
 enum { TSP_MASK_ORDER_MAX_VOLUME = 63 };
 
 /* ------------------------------------------------------------------ CPU --- */

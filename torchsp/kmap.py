@@ -45,11 +45,14 @@ class KernelMap:
 
 
 def mask_order(nbmap):
-    """Rows of `nbmap` [N, V] int32 stably sorted by neighbour mask (bit k: nbmap[r, k] >= 0).
+    """Rows of `nbmap` [N, V] int32 stably sorted by neighbour mask.
 
     TorchSparse++'s mask sorting: consecutive rows in this order share their offsets, so an
-    output-stationary tile skips the offsets none of its rows has.  Ties keep map order (rows
-    sorted by coordinate), which keeps gathers local.  Returns int32 [N], or None when V > 63.
+    output-stationary tile skips the offsets none of its rows has.  The mask has one bit per
+    offset k (set when nbmap[r, k] >= 0) at the offset's rank by row count, most common first
+    (ties by k): rare offsets are the most significant bits, so rows sharing them are adjacent.
+    Ties keep map order (rows sorted by coordinate), which keeps gathers local.  Returns int32
+    [N], or None when V > 63.
     torch.ops.torchsp.mask_order: C (CPU) or a bit-packing kernel plus CUB's radix sort (CUDA).
     """
     if nbmap.shape[1] > _MASK_BITS:

@@ -3,10 +3,12 @@
 ** CPU twin of cuda/mask_order.cu (same result: rows stably sorted by their
 ** presence bits).  The CPU conv kernels do not need it; it exists so the op
 ** behaves the same on both devices and the CUDA order has a reference.
+** Bit positions follow tsp_mask_rank.h (rarest offsets most significant).
 */
 #include <stdlib.h>
 
 #include "cpu_common.h"
+#include "tsp_mask_rank.h"
 
 typedef struct {
   uint64_t mask; /* bit k set when map[row, k] >= 0 */
@@ -26,12 +28,19 @@ tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume
   if (!map || !order || n_rows < 0 || volume < 1 || volume > TSP_MASK_ORDER_MAX_VOLUME ||
       n_rows > 0x7fffffffLL)
     return TSP_ERR_ARGUMENT;
+  /* Bit position of each offset: its rank by row count, most common first. */
+  int64_t count[TSP_MASK_ORDER_MAX_VOLUME] = {0};
+  int bit[TSP_MASK_ORDER_MAX_VOLUME];
+#pragma omp parallel for schedule(static) reduction(+ : count[:TSP_MASK_ORDER_MAX_VOLUME])
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int64_t k = 0; k < volume; ++k) count[k] += map[r * volume + k] >= 0;
+  for (int64_t k = 0; k < volume; ++k) bit[k] = tsp_mask_bit_rank(count, (int)volume, (int)k);
   mask_row *tmp = (mask_row *)malloc((size_t)n_rows * sizeof(mask_row));
   if (!tmp) return TSP_ERR_ALLOC;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < n_rows; ++r) {
     uint64_t m = 0;
-    for (int64_t k = 0; k < volume; ++k) m |= (uint64_t)(map[r * volume + k] >= 0) << k;
+    for (int64_t k = 0; k < volume; ++k) m |= (uint64_t)(map[r * volume + k] >= 0) << bit[k];
     tmp[r].mask = m;
     tmp[r].row = (int32_t)r;
   }
