@@ -302,6 +302,9 @@ def _measure(feats, kmap, geom, weight):
     with torch.no_grad():
         for p in PASSES:
             algos = candidates(device.type, p, geom.kernel_size, det)
+            # The produced channels of the pass: tile 2 (128 x 256) is tile 0 below 129.
+            n = w.shape[2] if p == "fwd" else w.shape[1]
+            algos = [a for a in algos if not (device.type == "cuda" and a[1] == 2 and n <= 128)]
             best, best_t, default_t = _tune_pass(p, runs[p], device, dtype, algos)
             choice[p] = best
             if best_t is not None and default_t is not None:
