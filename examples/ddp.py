@@ -14,6 +14,7 @@ torch.nn.SyncBatchNorm.convert_sync_batchnorm on GPUs for synchronised statistic
 """
 
 import argparse
+import gc
 import os
 import tempfile
 
@@ -64,6 +65,11 @@ def worker(rank, args, init_file, result_file):
     loss.backward()
     if rank == 0:
         torch.save({n: p.grad.detach().cpu() for n, p in model.named_parameters()}, result_file)
+    # Free DDP's reducer while the process group is still registered: if the reducer held the
+    # last reference, the Gloo group would be destroyed under the GIL while its worker thread
+    # waits for the GIL (a known torch shutdown deadlock, seen here as a rare CI hang).
+    del ddp, loss
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
 
