@@ -93,3 +93,18 @@ def test_deterministic_mode_filters_candidates():
         assert all(a[0] != 1 for a in tune.candidates("cuda", "fwd", (3, 3, 3), deterministic=True))
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_cached_choice_needs_no_map_statistics(cache_dir):
+    """With one cached entry for a layer's shape and rows bucket, a fresh KernelMap (a new batch)
+    gets its choice without computing the mean-neighbours statistic (a host sync on CUDA)."""
+    net, x = _net(), _input()
+    tune.tune(net, (x,), verbose=False)
+    tune.set_mode("cache")
+    fresh = torchsp.SparseTensor(x.feats.clone(), x.coords.clone())  # new coordinate key, new maps
+    kmap, *_ = torchsp.kmap.get_kernel_map(fresh, 3)
+    assert getattr(kmap, "stats", None) is None
+    algo = tune.choose_algo(fresh, kmap, torchsp.kmap.ConvGeometry(3), net[0].weight)
+    assert algo is not None and getattr(kmap, "stats", None) is None
+    key = tune.signature(fresh.feats, kmap, torchsp.kmap.ConvGeometry(3), net[0].weight)
+    assert algo == [tune._choices()[key][p] for p in tune.PASSES]
