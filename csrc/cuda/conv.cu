@@ -63,15 +63,8 @@ static size_t element_bytes(tsp_dtype dtype) { return dtype == TSP_FLOAT32 ? 4 :
 /* algo.tile values served by conv_wgmma.cu (sm_90a builds); others by conv_implicit_gemm.cu. */
 static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 10; }
 
-/* Tensor cores need sm_80 (mma.sync m16n8k16 with bf16, cp.async).  The
-** attribute query is a cached host-side lookup, not a synchronisation. */
-static int tensor_cores_available(void) {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return 0;
-  return major >= 8;
-}
+/* Tensor cores need sm_80 (mma.sync m16n8k16 with bf16, cp.async). */
+static int tensor_cores_available(void) { return tsp_device_cc() >= 80; }
 
 static int fast_dtype(tsp_dtype dtype) {
   return dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16;
@@ -102,14 +95,13 @@ static tsp_status output_stationary(tsp_dtype dtype, const void *src, int64_t sr
     return tsp_cuda_check(cudaMemsetAsync(out, 0, (size_t)(rows * n) * element_bytes(dtype),
                                           stream),
                           "tsp_conv: zero output");
+  const tsp_os_launch launch = {src, src_rows, w, map, order, rows, volume, red, n, out, stream};
   if (fast_dtype(dtype) && is_wgmma_tile(tile)) {
-    tsp_status s = tsp_conv_wgmma_os(dtype, src, src_rows, w, map, order, rows, volume, red, n,
-                                     transposed_w, tile, out, workspace, workspace_bytes, stream);
+    tsp_status s = tsp_conv_wgmma_os(dtype, &launch, transposed_w, tile, workspace, workspace_bytes);
     if (s != TSP_ERR_UNSUPPORTED) return s;
   }
   if (fast_dtype(dtype) && tensor_cores_available()) {
-    tsp_status s = tsp_conv_igemm_os(dtype, src, src_rows, w, map, order, rows, volume, red, n,
-                                     transposed_w, tile, out, stream);
+    tsp_status s = tsp_conv_igemm_os(dtype, &launch, transposed_w, tile);
     if (s != TSP_ERR_UNSUPPORTED) return s;
   }
   return tsp_conv_simple_os(dtype, src, src_rows, w, map, rows, volume, red, n, transposed_w, out,

@@ -53,7 +53,7 @@ template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TW_> st
 template <typename CFG>
 static size_t igemm_smem_bytes(int volume) {
   return (size_t)CFG::STAGES * (CFG::A_STAGE + CFG::B_STAGE) * 2 /* 16-bit elements */ +
-         (size_t)CFG::BM * volume * 4 + (size_t)volume * 8 + 16 + (size_t)CFG::BM * 4;
+         tsp_tile_smem_bytes(CFG::BM, volume);
 }
 
 template <typename T, typename CFG>
@@ -68,24 +68,19 @@ __global__ void __launch_bounds__(CFG::THREADS)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *s_a = (T *)smem_raw;
   T *s_b = s_a + STAGES * CFG::A_STAGE;
-  int32_t *s_nb = (int32_t *)(s_b + STAGES * CFG::B_STAGE);
-  uint32_t *s_groups = (uint32_t *)(s_nb + BM * volume);
-  int32_t *s_list = (int32_t *)(s_groups + volume);
-  int32_t *s_count = s_list + volume;
-  int32_t *s_rows = s_count + 4; /* [BM] map row of each tile row (order), -1 = none */
+  const tsp_tile_smem tile = tsp_tile_smem_at(s_b + STAGES * CFG::B_STAGE, BM, volume);
+  const int32_t *s_nb = tile.nb, *s_list = tile.list, *s_rows = tile.rows;
+  const uint32_t *s_groups = tile.groups;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int tiles_n = (n + BN - 1) / BN;
-  /* n tiles fastest: the blocks that gather the same source rows run together. */
-  const int64_t mt = blockIdx.x / tiles_n;
-  const int n0 = (int)(blockIdx.x - mt * tiles_n) * BN;
-  const int64_t row0 = mt * BM;
+  int64_t row0;
+  int n0;
+  tsp_tile_origin(n, BM, BN, &row0, &n0);
 
   /* 1-2. The tile's map entries, per-offset masks of 16-row groups, used offsets. */
-  tsp_tile_offsets<BM, NT>(map, order, rows, row0, volume, src_rows, s_nb, s_rows, s_groups,
-                           s_list, s_count);
+  tsp_tile_offsets<BM, NT>(map, order, rows, row0, volume, src_rows, tile);
   const int chunks = (red + BK - 1) / BK;
-  const int steps = *s_count * chunks;
+  const int steps = *tile.count * chunks;
 
   /* 3. Pipeline stage loader: step -> (offset, channel chunk). */
   auto load_step = [&](int li, int c0, int stage) {
@@ -223,21 +218,17 @@ __global__ void __launch_bounds__(CFG::THREADS)
     }
 }
 
-template <typename T, typename CFG>
-static tsp_status launch_igemm(const void *src, int64_t src_rows, const void *w,
-                               const int32_t *map, const int32_t *order, int64_t rows,
-                               int64_t volume, int64_t red, int64_t n, void *out,
-                               cudaStream_t stream) {
-  const size_t smem = igemm_smem_bytes<CFG>((int)volume);
+template <typename T, typename CFG> static tsp_status launch_igemm(const tsp_os_launch &a) {
+  const size_t smem = igemm_smem_bytes<CFG>((int)a.volume);
   static uint64_t smem_raised = 0; /* per instantiation: devices whose limit is raised */
   tsp_status s = tsp_raise_smem_limit((const void *)igemm_os_kernel<T, CFG>, smem, &smem_raised,
                                       "tsp_conv_igemm_os");
   if (s != TSP_OK) return s;
-  const int64_t tiles = ((rows + CFG::BM - 1) / CFG::BM) * ((n + CFG::BN - 1) / CFG::BN);
+  const int64_t tiles = ((a.rows + CFG::BM - 1) / CFG::BM) * ((a.n + CFG::BN - 1) / CFG::BN);
   if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  igemm_os_kernel<T, CFG><<<(unsigned)tiles, CFG::THREADS, smem, stream>>>(
-      (const T *)src, src_rows, (const T *)w, map, order, rows, (int)volume, (int)red, (int)n,
-      (T *)out);
+  igemm_os_kernel<T, CFG><<<(unsigned)tiles, CFG::THREADS, smem, a.stream>>>(
+      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, (int)a.volume,
+      (int)a.red, (int)a.n, (T *)a.out);
   return tsp_cuda_check_launch("tsp_conv_igemm_os");
 }
 
@@ -247,77 +238,36 @@ static tsp_status launch_igemm(const void *src, int64_t src_rows, const void *w,
 **   1: 64-row tiles: fewer offsets in the union of a tile's rows (sorted rows
 **      change mask every few rows), twice the blocks, half the weight reuse;
 **   2: n > 128: 128 x 256 tiles with 16 warps, so C = 256 gathers each source
-**      row once per offset instead of twice; otherwise as 0;
-**   3: red >= 64: 64-channel reduction chunks (BK = 64, 3 stages): half the
-**      barriers per mma and 128-byte gathered row segments, one block per SM
-**      at n > 64; otherwise as 0.
-**   4: n > 64: 64 x 64 warp tiles (4 warps for 128 x 128): twice the mma per
-**      ldmatrix of 0's 32 x 64 warps, fewer warps to hide latency;
-**   5: n > 128: 128 x 256 tiles of 64 x 64 warps (8 warps); otherwise as 4.
-** Any other value is 0; 6 and 7 are the wgmma kernels (conv_wgmma.cu). */
-template <typename T, bool TW>
-static tsp_status dispatch_igemm(const void *src, int64_t src_rows, const void *w,
-                                 const int32_t *map, const int32_t *order, int64_t rows,
-                                 int64_t volume, int64_t red, int64_t n, int tile, void *out,
-                                 cudaStream_t stream) {
+**      row once per offset instead of twice; otherwise as 0.
+** Any other value is 0; 6-10 are the wgmma kernels (conv_wgmma.cu).  Tried and
+** dropped (2026-11-23, H100, lidar_198k): BK = 64 chunks and 64 x 64 warp
+** tiles, 0-25% slower than 0 at C = 64-256. */
+template <typename T, bool TW> static tsp_status dispatch_igemm(const tsp_os_launch &a, int tile) {
   if (tile == 1) {
-    if (n <= 32)
-      return launch_igemm<T, igemm_cfg<64, 32, 32, 32, 32, 4, TW> >(src, src_rows, w, map, order,
-                                                                   rows, volume, red, n, out, stream);
-    if (n <= 64)
-      return launch_igemm<T, igemm_cfg<64, 64, 32, 32, 32, 4, TW> >(src, src_rows, w, map, order,
-                                                                   rows, volume, red, n, out, stream);
-    return launch_igemm<T, igemm_cfg<64, 128, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order,
-                                                                  rows, volume, red, n, out, stream);
+    if (a.n <= 32) return launch_igemm<T, igemm_cfg<64, 32, 32, 32, 32, 4, TW> >(a);
+    if (a.n <= 64) return launch_igemm<T, igemm_cfg<64, 64, 32, 32, 32, 4, TW> >(a);
+    return launch_igemm<T, igemm_cfg<64, 128, 32, 32, 64, 4, TW> >(a);
   }
-  if ((tile == 4 || tile == 5) && n > 64) {
-    if (tile == 5 && n > 128)
-      return launch_igemm<T, igemm_cfg<128, 256, 32, 64, 64, 3, TW> >(src, src_rows, w, map, order,
-                                                                       rows, volume, red, n, out, stream);
-    return launch_igemm<T, igemm_cfg<128, 128, 32, 64, 64, 4, TW> >(src, src_rows, w, map, order,
-                                                                     rows, volume, red, n, out, stream);
-  }
-  if (tile == 3 && red >= 64) {
-    if (n <= 64)
-      return launch_igemm<T, igemm_cfg<128, 64, 64, 32, 64, 3, TW> >(src, src_rows, w, map, order,
-                                                                      rows, volume, red, n, out, stream);
-    return launch_igemm<T, igemm_cfg<128, 128, 64, 32, 64, 3, TW> >(src, src_rows, w, map, order,
-                                                                     rows, volume, red, n, out, stream);
-  }
-  if (n <= 32)
-    return launch_igemm<T, igemm_cfg<128, 32, 32, 32, 32, 4, TW> >(src, src_rows, w, map, order,
-                                                                    rows, volume, red, n, out, stream);
-  if (n <= 64)
-    return launch_igemm<T, igemm_cfg<128, 64, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order,
-                                                                    rows, volume, red, n, out, stream);
-  if (tile == 2 && n > 128)
-    return launch_igemm<T, igemm_cfg<128, 256, 32, 32, 64, 3, TW> >(src, src_rows, w, map, order,
-                                                                     rows, volume, red, n, out, stream);
-  return launch_igemm<T, igemm_cfg<128, 128, 32, 32, 64, 4, TW> >(src, src_rows, w, map, order,
-                                                                   rows, volume, red, n, out, stream);
+  if (a.n <= 32) return launch_igemm<T, igemm_cfg<128, 32, 32, 32, 32, 4, TW> >(a);
+  if (a.n <= 64) return launch_igemm<T, igemm_cfg<128, 64, 32, 32, 64, 4, TW> >(a);
+  if (tile == 2 && a.n > 128) return launch_igemm<T, igemm_cfg<128, 256, 32, 32, 64, 3, TW> >(a);
+  return launch_igemm<T, igemm_cfg<128, 128, 32, 32, 64, 4, TW> >(a);
 }
 
-tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
-                             const int32_t *map, const int32_t *order, int64_t rows,
-                             int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
-                             void *out, cudaStream_t stream) {
-  if (red % 8 != 0 || n % 8 != 0 || red <= 0 || n <= 0 || volume > TSP_IGEMM_MAX_VOLUME ||
-      red > 0x7fffffff || n > 0x7fffffff || src_rows > 0x7fffffff)
+tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile) {
+  if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
+      a->volume > TSP_IGEMM_MAX_VOLUME || a->red > 0x7fffffff || a->n > 0x7fffffff ||
+      a->src_rows > 0x7fffffff)
     return TSP_ERR_UNSUPPORTED;
-  if (((uintptr_t)src | (uintptr_t)w) % 16 != 0 || (uintptr_t)out % 4 != 0)
+  if (((uintptr_t)a->src | (uintptr_t)a->w) % 16 != 0 || (uintptr_t)a->out % 4 != 0)
     return TSP_ERR_UNSUPPORTED;
-  if (rows <= 0) return TSP_OK;
+  if (a->rows <= 0) return TSP_OK;
   switch (dtype) {
   case TSP_FLOAT16:
-    return transposed_w ? dispatch_igemm<__half, true>(src, src_rows, w, map, order, rows, volume, red, n,
-                                                       tile, out, stream)
-                        : dispatch_igemm<__half, false>(src, src_rows, w, map, order, rows, volume, red,
-                                                        n, tile, out, stream);
+    return transposed_w ? dispatch_igemm<__half, true>(*a, tile) : dispatch_igemm<__half, false>(*a, tile);
   case TSP_BFLOAT16:
-    return transposed_w ? dispatch_igemm<__nv_bfloat16, true>(src, src_rows, w, map, order, rows, volume,
-                                                              red, n, tile, out, stream)
-                        : dispatch_igemm<__nv_bfloat16, false>(src, src_rows, w, map, order, rows,
-                                                               volume, red, n, tile, out, stream);
+    return transposed_w ? dispatch_igemm<__nv_bfloat16, true>(*a, tile)
+                        : dispatch_igemm<__nv_bfloat16, false>(*a, tile);
   default:
     return TSP_ERR_UNSUPPORTED;
   }

@@ -70,6 +70,17 @@ static inline int64_t tsp_wgrad_chunks(const tsp_conv_problem *p) {
   return (p->n_out + rows - 1) / rows;
 }
 
+/* Compute capability of the current device as 10 * major + minor, 0 on error.
+** Attribute queries are cached host-side lookups, not synchronisations. */
+static inline int tsp_device_cc(void) {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return 0;
+  return 10 * major + minor;
+}
+
 /* ------------------------------------------------------ shared memory --- */
 
 /*
@@ -124,10 +135,19 @@ tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int6
 ** the shape is not theirs (the caller falls back).  `order` ([rows] or NULL)
 ** is the row order tiles walk (tsp_conv_problem.order); NULL is 0, 1, 2, ... */
 enum { TSP_IGEMM_MAX_VOLUME = 64 };
-tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
-                             const int32_t *map, const int32_t *order, int64_t rows,
-                             int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
-                             void *out, cudaStream_t stream);
+
+/* One output-stationary launch: out[r] = sum_k src[map[r, k]] @ W_k (see conv.cu). */
+typedef struct {
+  const void *src;     /* [src_rows, red] gathered operand */
+  int64_t src_rows;
+  const void *w;       /* [volume, red, n], or [volume, n, red] when transposed */
+  const int32_t *map;  /* [rows, volume] */
+  const int32_t *order; /* [rows] row order of the tiles, or NULL */
+  int64_t rows, volume, red, n;
+  void *out;           /* [rows, n] */
+  cudaStream_t stream;
+} tsp_os_launch;
+tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile);
 tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);
@@ -135,11 +155,8 @@ tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const vo
 ** otherwise).  Forward (transposed_w == 0) needs tsp_conv_wgmma_workspace
 ** bytes of workspace for a K-major copy of w. */
 size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n);
-tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
-                             const int32_t *map, const int32_t *order, int64_t rows,
-                             int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
-                             void *out, void *workspace, size_t workspace_bytes,
-                             cudaStream_t stream);
+tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile,
+                             void *workspace, size_t workspace_bytes);
 
 
 #endif /* TSP_CONV_INTERNAL_CUH */

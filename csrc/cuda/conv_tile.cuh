@@ -8,13 +8,14 @@
 ** 16-row-group masks must agree exactly between the two kernels, which are
 ** tested against the same reference.
 **
-** Output, all in shared memory:
-**   s_nb[BM * volume]  map entry of (tile row i, offset k), or -1 (absent, or
-**                      outside [0, src_rows), or a tile row past the end);
-**   s_rows[BM]         the map row of tile row i (order[row0 + i] or row0 + i),
-**                      -1 when none: its output is not written;
-**   s_groups[volume]   bit g set when a row of 16-row group g uses offset k;
-**   s_list[volume], *s_count: the offsets with s_groups[k] != 0, increasing.
+** Output, all in shared memory (tsp_tile_smem, after the kernel's operand
+** stages; tsp_tile_smem_bytes of it):
+**   nb[BM * volume]  map entry of (tile row i, offset k), or -1 (absent, or
+**                    outside [0, src_rows), or a tile row past the end);
+**   rows[BM]         the map row of tile row i (order[row0 + i] or row0 + i),
+**                    -1 when none: its output is not written;
+**   groups[volume]   bit g set when a row of 16-row group g uses offset k;
+**   list[volume], *count: the offsets with groups[k] != 0, increasing.
 ** Ends with a __syncthreads(); every thread of the block must call it.
 */
 #ifndef TSP_CONV_TILE_CUH
@@ -24,12 +25,45 @@
 
 #include "conv_mma.cuh"
 
+typedef struct {
+  int32_t *nb;      /* [BM * volume] sanitised map entries of the tile's rows */
+  uint32_t *groups; /* [volume] per offset, the 16-row groups that use it */
+  int32_t *list;    /* [volume] the used offsets, increasing */
+  int32_t *count;   /* [1] (4 words reserved) how many offsets list holds */
+  int32_t *rows;    /* [BM] map row of each tile row, -1 = none */
+} tsp_tile_smem;
+
+static __host__ __device__ __forceinline__ size_t tsp_tile_smem_bytes(int bm, int volume) {
+  return (size_t)bm * volume * 4 + (size_t)volume * 8 + 16 + (size_t)bm * 4;
+}
+
+static __device__ __forceinline__ tsp_tile_smem tsp_tile_smem_at(void *base, int bm, int volume) {
+  tsp_tile_smem t;
+  t.nb = (int32_t *)base;
+  t.groups = (uint32_t *)(t.nb + bm * volume);
+  t.list = (int32_t *)(t.groups + volume);
+  t.count = t.list + volume;
+  t.rows = t.count + 4;
+  return t;
+}
+
+/* The tile of block blockIdx.x: its first row and first produced channel.
+** Column tiles vary fastest, so the blocks that gather the same rows run together. */
+static __device__ __forceinline__ void tsp_tile_origin(int n, int bm, int bn, int64_t *row0,
+                                                       int *n0) {
+  const int tiles_n = (n + bn - 1) / bn;
+  const int64_t mt = blockIdx.x / tiles_n;
+  *n0 = (int)(blockIdx.x - mt * tiles_n) * bn;
+  *row0 = mt * bm;
+}
+
 template <int BM, int NT>
 static __device__ __forceinline__ void tsp_tile_offsets(
     const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
-    int64_t row0, int volume, int64_t src_rows, int32_t *s_nb, int32_t *s_rows,
-    uint32_t *s_groups, int32_t *s_list, int32_t *s_count) {
+    int64_t row0, int volume, int64_t src_rows, const tsp_tile_smem &t) {
   static_assert(BM / 16 <= 32, "row-group masks are 32-bit");
+  int32_t *s_nb = t.nb, *s_rows = t.rows, *s_list = t.list, *s_count = t.count;
+  uint32_t *s_groups = t.groups;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t rows_here = rows - row0 < BM ? rows - row0 : BM;
   /* The BM x V entries of consecutive rows are contiguous: cp.async puts every

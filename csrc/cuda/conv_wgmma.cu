@@ -101,8 +101,7 @@ enum { WG_THREADS = 256 };
 
 /* MW: m64 blocks per warpgroup, so a tile has BM = 128 MW rows. */
 template <int MW, int BN, int BK, int STAGES> static size_t wg_smem_bytes(int volume) {
-  return (size_t)STAGES * (128 * MW + BN) * BK * 2 + (size_t)128 * MW * volume * 4 +
-         (size_t)volume * 8 + 16 + (size_t)128 * MW * 4;
+  return (size_t)STAGES * (128 * MW + BN) * BK * 2 + tsp_tile_smem_bytes(128 * MW, volume);
 }
 
 /* src [src_rows, red]; w K-major: w[k] is [n, red]; out [rows, n]. */
@@ -118,22 +117,18 @@ __global__ void __launch_bounds__(WG_THREADS)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T *s_a = (T *)smem_raw;
   T *s_b = s_a + STAGES * A_STAGE;
-  int32_t *s_nb = (int32_t *)(s_b + STAGES * B_STAGE);
-  uint32_t *s_groups = (uint32_t *)(s_nb + BM * volume);
-  int32_t *s_list = (int32_t *)(s_groups + volume);
-  int32_t *s_count = s_list + volume;
-  int32_t *s_rows = s_count + 4;
+  const tsp_tile_smem tile = tsp_tile_smem_at(s_b + STAGES * B_STAGE, BM, volume);
+  const int32_t *s_nb = tile.nb, *s_list = tile.list, *s_rows = tile.rows;
+  const uint32_t *s_groups = tile.groups;
 
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
-  const int tiles_n = (n + BN - 1) / BN;
-  const int64_t mt = blockIdx.x / tiles_n;
-  const int n0 = (int)(blockIdx.x - mt * tiles_n) * BN;
-  const int64_t row0 = mt * BM;
+  int64_t row0;
+  int n0;
+  tsp_tile_origin(n, BM, BN, &row0, &n0);
 
-  tsp_tile_offsets<BM, NT>(map, order, rows, row0, volume, src_rows, s_nb, s_rows, s_groups,
-                           s_list, s_count);
+  tsp_tile_offsets<BM, NT>(map, order, rows, row0, volume, src_rows, tile);
   const int chunks = (red + BK - 1) / BK;
-  const int steps = *s_count * chunks;
+  const int steps = *tile.count * chunks;
 
   /* Stage loader: chunk i of a stage (16 bytes) lands at element 8 i (file header). */
   auto load_step = [&](int li, int c0, int stage) {
@@ -275,20 +270,17 @@ __global__ void wg_transpose_kernel(const T *__restrict__ w, int64_t volume, int
 }
 
 template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false>
-static tsp_status launch_wgmma(const void *src, int64_t src_rows, const void *w,
-                               const int32_t *map, const int32_t *order, int64_t rows,
-                               int64_t volume, int64_t red, int64_t n, void *out,
-                               cudaStream_t stream) {
-  const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES>((int)volume);
+static tsp_status launch_wgmma(const tsp_os_launch &a) {
+  const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES>((int)a.volume);
   static uint64_t smem_raised = 0;
   tsp_status s = tsp_raise_smem_limit((const void *)wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE>, smem,
                                       &smem_raised, "tsp_conv_wgmma_os");
   if (s != TSP_OK) return s;
-  const int64_t tiles = ((rows + 128 * MW - 1) / (128 * MW)) * ((n + BN - 1) / BN);
+  const int64_t tiles = ((a.rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);
   if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE><<<(unsigned)tiles, WG_THREADS, smem, stream>>>(
-      (const T *)src, src_rows, (const T *)w, map, order, rows, (int)volume, (int)red, (int)n,
-      (T *)out);
+  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE><<<(unsigned)tiles, WG_THREADS, smem, a.stream>>>(
+      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, (int)a.volume,
+      (int)a.red, (int)a.n, (T *)a.out);
   return tsp_cuda_check_launch("tsp_conv_wgmma_os");
 }
 
@@ -303,40 +295,28 @@ static tsp_status launch_wgmma(const void *src, int64_t src_rows, const void *w,
 **      bytes per output row halve;
 **   9: as 8 with 4 stages and one step's wgmma kept in flight (PIPE);
 **  10: as 6 with 4 stages and PIPE. */
-template <typename T>
-static tsp_status dispatch_wgmma(const void *src, int64_t src_rows, const void *w,
-                                 const int32_t *map, const int32_t *order, int64_t rows,
-                                 int64_t volume, int64_t red, int64_t n, int tile, void *out,
-                                 cudaStream_t stream) {
-  if (tile == 9) {
-    if (n <= 64)
-      return launch_wgmma<T, 2, 64, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-    return launch_wgmma<T, 2, 128, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
+template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, int tile) {
+  const int64_t n = a.n;
+  switch (tile) {
+  case 6:
+    if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4>(a);
+    if (n <= 128) return launch_wgmma<T, 1, 128, 64, 3>(a);
+    return launch_wgmma<T, 1, 256, 64, 3>(a);
+  case 7:
+    if (n <= 64) return launch_wgmma<T, 1, 64, 32, 4>(a);
+    if (n <= 128) return launch_wgmma<T, 1, 128, 32, 4>(a);
+    return launch_wgmma<T, 1, 256, 32, 4>(a);
+  case 8:
+    if (n <= 64) return launch_wgmma<T, 2, 64, 64, 3>(a);
+    return launch_wgmma<T, 2, 128, 64, 3>(a);
+  case 9:
+    if (n <= 64) return launch_wgmma<T, 2, 64, 64, 4, true>(a);
+    return launch_wgmma<T, 2, 128, 64, 4, true>(a);
+  default: /* 10 */
+    if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true>(a);
+    if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true>(a);
+    return launch_wgmma<T, 1, 256, 64, 4, true>(a);
   }
-  if (tile == 10) {
-    if (n <= 64)
-      return launch_wgmma<T, 1, 64, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-    if (n <= 128)
-      return launch_wgmma<T, 1, 128, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-    return launch_wgmma<T, 1, 256, 64, 4, true>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-  }
-  if (tile == 8) {
-    if (n <= 64)
-      return launch_wgmma<T, 2, 64, 64, 3>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-    return launch_wgmma<T, 2, 128, 64, 3>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-  }
-  if (tile == 6) {
-    if (n <= 64)
-      return launch_wgmma<T, 1, 64, 64, 4>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-    if (n <= 128)
-      return launch_wgmma<T, 1, 128, 64, 3>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-    return launch_wgmma<T, 1, 256, 64, 3>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-  }
-  if (n <= 64)
-    return launch_wgmma<T, 1, 64, 32, 4>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-  if (n <= 128)
-    return launch_wgmma<T, 1, 128, 32, 4>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
-  return launch_wgmma<T, 1, 256, 32, 4>(src, src_rows, w, map, order, rows, volume, red, n, out, stream);
 }
 
 #endif /* TSP_WGMMA */
@@ -350,54 +330,44 @@ size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n) {
 #endif
 }
 
-tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const void *src, int64_t src_rows, const void *w,
-                             const int32_t *map, const int32_t *order, int64_t rows,
-                             int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
-                             void *out, void *workspace, size_t workspace_bytes,
-                             cudaStream_t stream) {
+tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile,
+                             void *workspace, size_t workspace_bytes) {
 #ifndef TSP_WGMMA
-  (void)dtype, (void)src, (void)src_rows, (void)w, (void)map, (void)order, (void)rows;
-  (void)volume, (void)red, (void)n, (void)transposed_w, (void)tile, (void)out;
-  (void)workspace, (void)workspace_bytes, (void)stream;
+  (void)dtype, (void)a, (void)transposed_w, (void)tile, (void)workspace, (void)workspace_bytes;
   return TSP_ERR_UNSUPPORTED;
 #else
   if (tile < 6 || tile > 10) return TSP_ERR_UNSUPPORTED;
-  if (red % 8 != 0 || n % 8 != 0 || red <= 0 || n <= 0 || (n > 256 && tile != 8 && tile != 9) ||
-      volume > TSP_IGEMM_MAX_VOLUME || red > 0x7fffffff || src_rows > 0x7fffffff)
+  if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
+      (a->n > 256 && tile != 8 && tile != 9) || a->volume > TSP_IGEMM_MAX_VOLUME ||
+      a->red > 0x7fffffff || a->src_rows > 0x7fffffff)
     return TSP_ERR_UNSUPPORTED;
-  if (((uintptr_t)src | (uintptr_t)w) % 16 != 0 || (uintptr_t)out % 4 != 0)
+  if (((uintptr_t)a->src | (uintptr_t)a->w) % 16 != 0 || (uintptr_t)a->out % 4 != 0)
     return TSP_ERR_UNSUPPORTED;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess ||
-      major != 9 || minor != 0)
-    return TSP_ERR_UNSUPPORTED;
-  if (rows <= 0) return TSP_OK;
-  const void *wk = w;
+  if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
+  if (a->rows <= 0) return TSP_OK;
+  tsp_os_launch k = *a;
   if (!transposed_w) { /* forward: make w K-major in the workspace */
-    if (workspace == NULL || workspace_bytes < tsp_conv_wgmma_workspace(volume, red, n) ||
+    const int64_t total = a->volume * a->red * a->n;
+    if (workspace == NULL || workspace_bytes < tsp_conv_wgmma_workspace(a->volume, a->red, a->n) ||
         (uintptr_t)workspace % 16 != 0)
       return TSP_ERR_UNSUPPORTED;
-    const int64_t total = volume * red * n;
     const unsigned blocks = (unsigned)((total + 255) / 256 < 132 * 8 ? (total + 255) / 256 : 132 * 8);
     if (dtype == TSP_FLOAT16)
-      wg_transpose_kernel<__half><<<blocks, 256, 0, stream>>>((const __half *)w, volume, (int)red,
-                                                              (int)n, (__half *)workspace);
+      wg_transpose_kernel<__half><<<blocks, 256, 0, a->stream>>>(
+          (const __half *)a->w, a->volume, (int)a->red, (int)a->n, (__half *)workspace);
     else
-      wg_transpose_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(
-          (const __nv_bfloat16 *)w, volume, (int)red, (int)n, (__nv_bfloat16 *)workspace);
+      wg_transpose_kernel<__nv_bfloat16><<<blocks, 256, 0, a->stream>>>(
+          (const __nv_bfloat16 *)a->w, a->volume, (int)a->red, (int)a->n,
+          (__nv_bfloat16 *)workspace);
     tsp_status s = tsp_cuda_check_launch("tsp_conv_wgmma_os: transpose w");
     if (s != TSP_OK) return s;
-    wk = workspace;
+    k.w = workspace;
   }
   switch (dtype) {
   case TSP_FLOAT16:
-    return dispatch_wgmma<__half>(src, src_rows, wk, map, order, rows, volume, red, n, tile, out,
-                                  stream);
+    return dispatch_wgmma<__half>(k, tile);
   case TSP_BFLOAT16:
-    return dispatch_wgmma<__nv_bfloat16>(src, src_rows, wk, map, order, rows, volume, red, n, tile,
-                                         out, stream);
+    return dispatch_wgmma<__nv_bfloat16>(k, tile);
   default:
     return TSP_ERR_UNSUPPORTED;
   }
