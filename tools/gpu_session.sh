@@ -29,17 +29,20 @@ stage_build() {
 stage_test() {
   # One pytest per file, four at a time, so that a crash in one file cannot hide
   # the others.  TEST_K (default: the CUDA cases; the CPU half runs in CI) selects.
+  # pytest-timeout (carried wheel) turns a hung test into a traceback naming it.
   local t=$SECONDS
+  python3 -c "import pytest_timeout" 2>/dev/null || pip install -q --no-index --find-links "${WHEELS:-.gl/wheels}" pytest-timeout > /dev/null 2>&1
+  python3 -c "import pytest_timeout" 2>/dev/null && export TSP_PYTEST_TIMEOUT="--timeout ${TEST_TIMEOUT:-150}"
   mkdir -p /tmp/tlogs && rm -f /tmp/tlogs/*
-  ls ${TEST_FILES:-tests/test_*.py} | grep -v "${TEST_SKIP_FILES:-test_examples}" | xargs -P 4 -I{} sh -c \
-    'python3 -X faulthandler -m pytest -q -rf -p no:cacheprovider -k "${TEST_K:-not cpu}" "{}" > /tmp/tlogs/$(basename "{}").log 2>&1; echo "rc=$?" >> /tmp/tlogs/$(basename "{}").log'
+  ls ${TEST_FILES:-tests/test_*.py} | grep -v "${TEST_SKIP_FILES:-test_examples}" | xargs -P ${TEST_JOBS:-4} -I{} sh -c \
+    'python3 -X faulthandler -m pytest -q -rf -p no:cacheprovider --durations=3 ${TSP_PYTEST_TIMEOUT:-} -k "${TEST_K:-not cpu}" "{}" > /tmp/tlogs/$(basename "{}").log 2>&1; echo "rc=$?" >> /tmp/tlogs/$(basename "{}").log'
   : > "$OUT/tests.log"
   for f in /tmp/tlogs/*.log; do
     cat "$f" >> "$OUT/tests.log"
     note "  $(basename "$f" .log): $(tail -1 "$f") $(tail -2 "$f" | head -1 | cut -c1-110)"
   done
   note "tests: $((SECONDS - t)) s"
-  grep -E "^(FAILED|ERROR)|Fatal Python" "$OUT/tests.log" | head -30 | tee -a "$summary"
+  grep -E "^(FAILED|ERROR)|Fatal Python|Timeout|^[0-9.]+s (call|setup)" "$OUT/tests.log" | head -40 | tee -a "$summary"
 }
 
 stage_testx() {
