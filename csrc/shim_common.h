@@ -81,6 +81,13 @@ inline void check_mask_order_map(const at::Tensor &m, const char *op) {
               m.size(0));
 }
 
+/* kernel_map_pairs' map: int32 [N, V] whose row indices fit the int32 pairs. */
+inline void check_pairs_map(const at::Tensor &m, const char *op) {
+  check_map(m, op, "nbmap");
+  TORCH_CHECK(m.size(0) < (int64_t(1) << 31) - 1, op, ": nbmap has more rows than int32 can index: ",
+              m.size(0));
+}
+
 inline void check_same_device(const at::Tensor &a, const char *an, const at::Tensor &b,
                               const char *bn, const char *op) {
   TORCH_CHECK(a.device() == b.device(), op, ": ", an, " is on ", a.device(), " but ", bn,

@@ -162,15 +162,34 @@ at::Tensor conv_wgrad_cpu(const at::Tensor &x_, const at::Tensor &dy_, const at:
 
 }  // namespace
 
-at::Tensor mask_order_cpu(const at::Tensor &nbmap_) {
+at::Tensor mask_order_cpu(const at::Tensor &nbmap_, int64_t offsets) {
   const char *op = "torchsp.mask_order";
   check_mask_order_map(nbmap_, op);
   at::Tensor nbmap = nbmap_.contiguous();
   at::Tensor order = at::empty({nbmap.size(0)}, nbmap.options());
   check_status(tsp_mask_order_cpu(nbmap.data_ptr<int32_t>(), nbmap.size(0), nbmap.size(1),
-                                  order.data_ptr<int32_t>()),
+                                  static_cast<uint64_t>(offsets), order.data_ptr<int32_t>()),
                op);
   return order;
+}
+
+/* (pairs [P] int32, starts [V + 1] int64): count, allocate P, fill (torchsp.h). */
+std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_) {
+  const char *op = "torchsp.kernel_map_pairs";
+  check_pairs_map(nbmap_, op);
+  at::Tensor nbmap = nbmap_.contiguous();
+  const int64_t n = nbmap.size(0), v = nbmap.size(1);
+  at::Tensor starts = at::zeros({v + 1}, nbmap.options().dtype(at::kLong));
+  if (n == 0 || v == 0) return {at::empty({0}, nbmap.options()), starts};
+  check_status(tsp_kernel_map_pair_counts_cpu(nbmap.data_ptr<int32_t>(), n, v,
+                                              starts.data_ptr<int64_t>()),
+               op);
+  at::Tensor pairs = at::empty({starts.data_ptr<int64_t>()[v]}, nbmap.options());
+  if (pairs.numel() > 0)
+    check_status(tsp_kernel_map_pairs_cpu(nbmap.data_ptr<int32_t>(), n, v,
+                                          starts.data_ptr<int64_t>(), pairs.data_ptr<int32_t>()),
+                 op);
+  return {pairs, starts};
 }
 
 TORCH_LIBRARY_IMPL(torchsp, CPU, m) {
@@ -178,6 +197,7 @@ TORCH_LIBRARY_IMPL(torchsp, CPU, m) {
   m.impl("out_coords", &out_coords_cpu);
   m.impl("kernel_map", &kernel_map_cpu);
   m.impl("kernel_map_transpose", &kernel_map_transpose_cpu);
+  m.impl("kernel_map_pairs", &kernel_map_pairs_cpu);
   m.impl("conv_fwd", &conv_fwd_cpu);
   m.impl("conv_dgrad", &conv_dgrad_cpu);
   m.impl("conv_wgrad", &conv_wgrad_cpu);

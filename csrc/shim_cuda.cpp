@@ -1,10 +1,10 @@
 /*
 ** shim_cuda.cpp: TORCH_LIBRARY_IMPL(torchsp, CUDA): the same checks as the CPU
 ** shim, a device guard, workspace from PyTorch's caching allocator, and launch
-** on the current stream.  Only out_coords synchronises (its output size is
-** data-dependent and must be known to allocate); map building and the three
-** convolution passes never do, so a layer's launches can be captured in a
-** CUDA graph.
+** on the current stream.  Only out_coords and kernel_map_pairs synchronise
+** (their output sizes are data-dependent and must be known to allocate); the
+** kernel map, its transpose, mask_order and the three convolution passes
+** never do, so a layer's launches can be captured in a CUDA graph.
 */
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -190,7 +190,7 @@ at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at
 
 }  // namespace
 
-at::Tensor mask_order_cuda(const at::Tensor &nbmap_) {
+at::Tensor mask_order_cuda(const at::Tensor &nbmap_, int64_t offsets) {
   const char *op = "torchsp.mask_order";
   check_mask_order_map(nbmap_, op);
   c10::cuda::CUDAGuard guard(nbmap_.device());
@@ -201,11 +201,41 @@ at::Tensor mask_order_cuda(const at::Tensor &nbmap_) {
   const size_t bytes = tsp_mask_order_cuda_workspace(n, v);
   TORCH_CHECK(bytes > 0, op, ": could not size the sort workspace for ", n, " rows");
   at::Tensor ws = workspace(bytes, nbmap);
-  check_status(tsp_mask_order_cuda(nbmap.data_ptr<int32_t>(), n, v, order.data_ptr<int32_t>(),
-                                   ws.data_ptr(), static_cast<size_t>(ws.numel()),
-                                   current_stream()),
+  check_status(tsp_mask_order_cuda(nbmap.data_ptr<int32_t>(), n, v, static_cast<uint64_t>(offsets),
+                                   order.data_ptr<int32_t>(), ws.data_ptr(),
+                                   static_cast<size_t>(ws.numel()), current_stream()),
                op);
   return order;
+}
+
+/* (pairs [P] int32, starts [V + 1] int64): count and scan, read P back (the one
+** synchronisation), allocate, fill; the workspace carries the scanned cell
+** bases from the first call to the second. */
+std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap_) {
+  const char *op = "torchsp.kernel_map_pairs";
+  check_pairs_map(nbmap_, op);
+  c10::cuda::CUDAGuard guard(nbmap_.device());
+  at::Tensor nbmap = nbmap_.contiguous();
+  const int64_t n = nbmap.size(0), v = nbmap.size(1);
+  at::Tensor starts = at::empty({v + 1}, nbmap.options().dtype(at::kLong));
+  if (n == 0 || v == 0) return {at::empty({0}, nbmap.options()), starts.zero_()};
+  const size_t bytes = tsp_kernel_map_pairs_cuda_workspace(n, v);
+  TORCH_CHECK(bytes > 0, op, ": nbmap of ", n, " rows x ", v,
+              " offsets is too large for the pair scan");
+  at::Tensor ws = workspace(bytes, nbmap);
+  check_status(tsp_kernel_map_pair_counts_cuda(nbmap.data_ptr<int32_t>(), n, v,
+                                               starts.data_ptr<int64_t>(), ws.data_ptr(),
+                                               static_cast<size_t>(ws.numel()), current_stream()),
+               op);
+  const int64_t p = starts[v].item<int64_t>();
+  at::Tensor pairs = at::empty({p}, nbmap.options());
+  if (p > 0)
+    check_status(tsp_kernel_map_pairs_cuda(nbmap.data_ptr<int32_t>(), n, v,
+                                           starts.data_ptr<int64_t>(), pairs.data_ptr<int32_t>(),
+                                           ws.data_ptr(), static_cast<size_t>(ws.numel()),
+                                           current_stream()),
+                 op);
+  return {pairs, starts};
 }
 
 TORCH_LIBRARY_IMPL(torchsp, CUDA, m) {
@@ -213,6 +243,7 @@ TORCH_LIBRARY_IMPL(torchsp, CUDA, m) {
   m.impl("out_coords", &out_coords_cuda);
   m.impl("kernel_map", &kernel_map_cuda);
   m.impl("kernel_map_transpose", &kernel_map_transpose_cuda);
+  m.impl("kernel_map_pairs", &kernel_map_pairs_cuda);
   m.impl("conv_fwd", &conv_fwd_cuda);
   m.impl("conv_dgrad", &conv_dgrad_cuda);
   m.impl("conv_wgrad", &conv_wgrad_cuda);

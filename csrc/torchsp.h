@@ -132,12 +132,35 @@ typedef struct {
 ** by how many rows have them, most common first (ties by k), so that the
 ** rare offsets are the most significant bits and rows sharing them are
 ** adjacent (lidar_198k at 0.1 m: 12.6 offsets per 128-row tile instead of
-** 13.8 with bit k at position k). */
+** 13.8 with bit k at position k).  `offsets` picks the offsets that take
+** part (bit k set: offset k does; ~0 = all): any other offset is treated as
+** absent everywhere, no bit in any mask and a count of 0 in the ranking, so
+** a kernel that serves some offsets another way (weight-stationary) can sort
+** its rows by the rest alone. */
 enum { TSP_MASK_ORDER_MAX_VOLUME = 63 };
+
+/* Weight-stationary form of a kernel map [n_rows, V] ("pairs"): for each
+** offset k in increasing k, the rows q with map[q, k] >= 0 in increasing q,
+** concatenated into pairs [P] (int32); starts [V + 1] (int64) delimits them:
+** offset k owns pairs[starts[k] .. starts[k + 1]), starts[0] = 0 and
+** starts[V] = P.  Only q is stored; the input row of the pair is map[q, k].
+** Any negative entry is absent.  Two calls, because P sizes the output:
+** _pair_counts fills starts, the caller allocates pairs [starts[V]], then
+** _pairs fills it.  The result is a function of the map alone (no atomics
+** decide a position), on both devices. */
 
 /* ------------------------------------------------------------------ CPU --- */
 
-tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume, int32_t *order);
+tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
+                              uint64_t offsets, int32_t *order);
+
+/* starts [V + 1] of the map's pairs (see above); volume >= 1. */
+tsp_status tsp_kernel_map_pair_counts_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
+                                          int64_t *starts);
+/* pairs [starts[V]] given the starts tsp_kernel_map_pair_counts_cpu filled for this map;
+** TSP_ERR_ARGUMENT, nothing written, when the map's counts do not match starts. */
+tsp_status tsp_kernel_map_pairs_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
+                                    const int64_t *starts, int32_t *pairs);
 
 /* Pack n coordinates [n, 4] into keys; TSP_ERR_RANGE if any cannot be packed. */
 tsp_status tsp_pack_keys_cpu(const int32_t *coords, int64_t n, int64_t *keys);
@@ -201,8 +224,26 @@ tsp_status tsp_kernel_map_cuda(const tsp_kernel *kern, tsp_kmap_method method,
 
 /* tsp_mask_order_cpu on the GPU (CUB radix sort over the low V bits). */
 size_t tsp_mask_order_cuda_workspace(int64_t n_rows, int64_t volume);
-tsp_status tsp_mask_order_cuda(const int32_t *map, int64_t n_rows, int64_t volume, int32_t *order,
-                               void *workspace, size_t workspace_bytes, tsp_cuda_stream stream);
+tsp_status tsp_mask_order_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
+                               uint64_t offsets, int32_t *order, void *workspace,
+                               size_t workspace_bytes, tsp_cuda_stream stream);
+
+/* The map's pairs on the GPU, same result as the CPU twins.  _pair_counts
+** fills starts_device [V + 1] and leaves in the workspace the base of every
+** (offset, 128-row tile); _pairs reads those bases, so it must get the same
+** workspace, unchanged, and the same map (pairs past starts[V] are never
+** written).  n_rows == 0 needs no workspace: the counts call zeroes starts,
+** the pairs call does nothing.  0 from the _workspace function otherwise: the
+** sizes cannot be served (V * ceil(n_rows / 128) must stay below 2^31, a map
+** of about 2^38 entries, and V <= 2^30). */
+size_t tsp_kernel_map_pairs_cuda_workspace(int64_t n_rows, int64_t volume);
+tsp_status tsp_kernel_map_pair_counts_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
+                                           int64_t *starts_device, void *workspace,
+                                           size_t workspace_bytes, tsp_cuda_stream stream);
+tsp_status tsp_kernel_map_pairs_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
+                                     const int64_t *starts_device, int32_t *pairs,
+                                     void *workspace, size_t workspace_bytes,
+                                     tsp_cuda_stream stream);
 
 /* nbmap_t [n_in, V] from nbmap; entries outside [0, n_in) are ignored. */
 tsp_status tsp_kernel_map_transpose_cuda(const int32_t *nbmap, int64_t n_out, int64_t volume,

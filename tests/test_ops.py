@@ -153,6 +153,68 @@ def test_sparse_conv3d_algo_argument(device):
 
 # ------------------------------------------------------- mask-sorted row order ---
 
+def _subset_masks(nbmap, offsets=-1):
+    """Row masks of mask_order computed independently: offsets outside the bit set `offsets` are
+    absent everywhere; bit position of offset k = its rank by row count (those counts), most
+    common first, ties by k (tsp_mask_rank.h)."""
+    V = nbmap.shape[1]
+    allowed = torch.tensor([(offsets >> k) & 1 for k in range(V)], dtype=torch.int64)
+    bits = (nbmap.cpu() >= 0).long() * allowed
+    count = bits.sum(0)
+    pos = torch.tensor([int(((count > count[k]) | ((count == count[k]) & (torch.arange(V) < k))).sum())
+                        for k in range(V)], dtype=torch.int64)
+    return (bits << pos).sum(1)
+
+
+def _check_subset_order(nbmap, order, offsets):
+    """order is a permutation, sorted by the subset masks, ties in map order (stable)."""
+    assert order.dtype == torch.int32 and order.device == nbmap.device
+    o = order.cpu().long()
+    assert torch.equal(torch.sort(o).values, torch.arange(nbmap.shape[0]))
+    mask = _subset_masks(nbmap, offsets)
+    assert torch.equal(o, torch.sort(mask, stable=True).indices)
+    m = mask[o]
+    assert bool((m[1:] >= m[:-1]).all())
+    same = m[1:] == m[:-1]
+    assert bool((o[1:][same] > o[:-1][same]).all())
+
+
+def _mask_map(device, n, v, seed):
+    """A random int32 [n, v] map, offsets of very different frequency, absent as -1 or -9."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(v, generator=g) * 0.8
+    present = torch.rand(n, v, generator=g) < p
+    return torch.where(present, torch.randint(0, n, (n, v), generator=g),
+                       torch.where(torch.rand(n, v, generator=g) < 0.5, -1, -9)).int().to(device)
+
+
+@pytest.mark.parametrize("v", [27, 40, 63])
+def test_mask_order_offset_subset(v, device):
+    """mask_order(offsets=...): rows sorted by the masks over the chosen offsets only (uint32 keys
+    for V <= 32, uint64 above); -1 (the default) is every offset; 0 keeps map order."""
+    nbmap = _mask_map(device, 700, v, seed=v)
+    g = torch.Generator().manual_seed(100 + v)
+    full = (1 << v) - 1
+    default = ops.mask_order(nbmap)
+    assert torch.equal(ops.mask_order(nbmap, -1), default)
+    assert torch.equal(torchsp.kmap.mask_order(nbmap, full), default)  # bits >= V are ignored
+    _check_subset_order(nbmap, default, -1)
+    for _ in range(3):
+        sub = int(torch.randint(0, 2, (v,), generator=g).mul(1 << torch.arange(v)).sum())
+        order = torchsp.kmap.mask_order(nbmap, sub)
+        _check_subset_order(nbmap, order, sub)
+        # as if the excluded offsets were -1 in the map
+        keep = torch.tensor([(sub >> k) & 1 for k in range(v)], dtype=torch.bool, device=device)
+        assert torch.equal(order, ops.mask_order(torch.where(keep, nbmap, -1)))
+    single = 1 << (v // 2)
+    _check_subset_order(nbmap, ops.mask_order(nbmap, single), single)
+    assert torch.equal(ops.mask_order(nbmap, 0).cpu().long(), torch.arange(nbmap.shape[0]))
+    # an unsigned 64-bit mask goes through kmap.mask_order as its two's complement
+    assert torch.equal(torchsp.kmap.mask_order(nbmap, (1 << 64) - 1), default)
+    assert torch.equal(torchsp.kmap.mask_order(nbmap, (1 << 63) | full), default)
+    torch.library.opcheck(ops.mask_order.default, (nbmap, sub))
+
+
 def test_mask_order_is_sorted_permutation(device):
     """kmap.mask_order: a permutation whose neighbour masks (rarest offset most significant) are
     non-decreasing, ties in map order."""

@@ -44,20 +44,42 @@ class KernelMap:
         return KernelMap(self.nbmap_t, self.nbmap, self.order_t, self.order)
 
 
-def mask_order(nbmap):
+def mask_order(nbmap, offsets=-1):
     """Rows of `nbmap` [N, V] int32 stably sorted by neighbour mask.
 
     TorchSparse++'s mask sorting: consecutive rows in this order share their offsets, so an
     output-stationary tile skips the offsets none of its rows has.  The mask has one bit per
     offset k (set when nbmap[r, k] >= 0) at the offset's rank by row count, most common first
     (ties by k): rare offsets are the most significant bits, so rows sharing them are adjacent.
-    Ties keep map order (rows sorted by coordinate), which keeps gathers local.  Returns int32
-    [N], or None when V > 63.
+    Ties keep map order (rows sorted by coordinate), which keeps gathers local.
+
+    `offsets` is a bit mask of the offsets that take part (bit k set: offset k does; -1, the
+    default, is all of them): the others are treated as absent everywhere (no bit, count 0 in
+    the ranking), e.g. offsets served weight-stationary.  Python ints up to 2**64 - 1 are
+    accepted and passed on as their two's-complement int64.  Returns int32 [N], or None when
+    V > 63.
     torch.ops.torchsp.mask_order: C (CPU) or a bit-packing kernel plus CUB's radix sort (CUDA).
     """
     if nbmap.shape[1] > _MASK_BITS:
         return None
-    return torch.ops.torchsp.mask_order(nbmap)
+    offsets = int(offsets)
+    if offsets >= 1 << 63:
+        offsets -= 1 << 64
+    return torch.ops.torchsp.mask_order(nbmap, offsets)
+
+
+def map_pairs(nbmap):
+    """Weight-stationary form of a kernel map: (pairs, starts).
+
+    nbmap: int32 [N, V] (any negative entry is absent).  Returns pairs int32 [P] and starts
+    int64 [V + 1], on nbmap's device: for each offset k in increasing k, the rows q with
+    nbmap[q, k] >= 0 in increasing q, concatenated; offset k owns pairs[starts[k]:starts[k + 1]],
+    starts[0] = 0 and starts[V] = P.  Only the output row q is stored; its input row is
+    nbmap[q, k].  P is data-dependent: on CUDA the op synchronises once to read it.
+    torch.ops.torchsp.kernel_map_pairs: C (CPU) or per-tile counts, CUB's scan and a ballot
+    fill (CUDA); deterministic on both.
+    """
+    return torch.ops.torchsp.kernel_map_pairs(nbmap)
 
 
 class ConvGeometry:

@@ -4,6 +4,7 @@
 ** presence bits).  The CPU conv kernels do not need it; it exists so the op
 ** behaves the same on both devices and the CUDA order has a reference.
 ** Bit positions follow tsp_mask_rank.h (rarest offsets most significant).
+** Offsets outside the `offsets` set count 0 and set no bit (torchsp.h).
 */
 #include <stdlib.h>
 
@@ -11,7 +12,7 @@
 #include "tsp_mask_rank.h"
 
 typedef struct {
-  uint64_t mask; /* bit k set when map[row, k] >= 0 */
+  uint64_t mask; /* bit rank(k) set when map[row, k] >= 0 and offset k is in the set */
   int32_t row;
 } mask_row;
 
@@ -22,25 +23,31 @@ static int cmp_mask_row(const void *a, const void *b) {
   return (x->row > y->row) - (x->row < y->row);
 }
 
-tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume, int32_t *order) {
+tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
+                              uint64_t offsets, int32_t *order) {
   /* Empty tensors may have NULL data. */
   if (n_rows == 0 && volume >= 1 && volume <= TSP_MASK_ORDER_MAX_VOLUME) return TSP_OK;
   if (!map || !order || n_rows < 0 || volume < 1 || volume > TSP_MASK_ORDER_MAX_VOLUME ||
       n_rows > 0x7fffffffLL)
     return TSP_ERR_ARGUMENT;
-  /* Bit position of each offset: its rank by row count, most common first. */
+  /* Bit position of each offset: its rank by row count, most common first;
+  ** an offset outside the set counts 0 and its bit value is 0. */
   int64_t count[TSP_MASK_ORDER_MAX_VOLUME] = {0};
-  int bit[TSP_MASK_ORDER_MAX_VOLUME];
+  uint64_t value[TSP_MASK_ORDER_MAX_VOLUME];
 #pragma omp parallel for schedule(static) reduction(+ : count[:TSP_MASK_ORDER_MAX_VOLUME])
   for (int64_t r = 0; r < n_rows; ++r)
     for (int64_t k = 0; k < volume; ++k) count[k] += map[r * volume + k] >= 0;
-  for (int64_t k = 0; k < volume; ++k) bit[k] = tsp_mask_bit_rank(count, (int)volume, (int)k);
+  for (int64_t k = 0; k < volume; ++k)
+    if (!((offsets >> k) & 1)) count[k] = 0;
+  for (int64_t k = 0; k < volume; ++k)
+    value[k] = ((offsets >> k) & 1) ? (uint64_t)1 << tsp_mask_bit_rank(count, (int)volume, (int)k)
+                                    : 0;
   mask_row *tmp = (mask_row *)malloc((size_t)n_rows * sizeof(mask_row));
   if (!tmp) return TSP_ERR_ALLOC;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < n_rows; ++r) {
     uint64_t m = 0;
-    for (int64_t k = 0; k < volume; ++k) m |= (uint64_t)(map[r * volume + k] >= 0) << bit[k];
+    for (int64_t k = 0; k < volume; ++k) m |= map[r * volume + k] >= 0 ? value[k] : 0;
     tmp[r].mask = m;
     tmp[r].row = (int32_t)r;
   }

@@ -12,45 +12,53 @@
 ** coordinate), which keeps the gathers of a tile local.  About 25 us for
 ** 173k rows x 27 offsets on an H100, against ~160 us for the same sort as
 ** five PyTorch ops on [N, V] int64 temporaries.
+**
+** Offsets outside the `offsets` set are not counted and set no bit
+** (torchsp.h), exactly as in the CPU twin.
 */
 #include <cub/cub.cuh>
 
 #include "cuda_common.cuh"
 #include "tsp_mask_rank.h"
 
-/* count[k] += rows with map[r, k] >= 0: a block histogram in shared memory, then V atomics. */
+/* count[k] += rows with map[r, k] >= 0, for k in the set: a block histogram in
+** shared memory, then V atomics. */
 __global__ void mask_count_kernel(const int32_t *__restrict__ map, int64_t n, int volume,
-                                  unsigned long long *__restrict__ count) {
+                                  uint64_t offsets, unsigned long long *__restrict__ count) {
   __shared__ unsigned int s_count[TSP_MASK_ORDER_MAX_VOLUME];
   for (int k = threadIdx.x; k < volume; k += blockDim.x) s_count[k] = 0;
   __syncthreads();
   const int64_t total = n * volume;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x)
-    if (map[i] >= 0) /* 32-bit remainder when it fits: a 64-bit one is a long subroutine */
-      atomicAdd(&s_count[total <= 0xffffffffLL ? (uint32_t)i % (uint32_t)volume
-                                               : (uint32_t)(i % volume)], 1u);
+    if (map[i] >= 0) { /* 32-bit remainder when it fits: a 64-bit one is a long subroutine */
+      const uint32_t k = total <= 0xffffffffLL ? (uint32_t)i % (uint32_t)volume
+                                               : (uint32_t)(i % volume);
+      if ((offsets >> k) & 1) atomicAdd(&s_count[k], 1u);
+    }
   __syncthreads();
   for (int k = threadIdx.x; k < volume; k += blockDim.x)
     if (s_count[k]) atomicAdd(&count[k], (unsigned long long)s_count[k]);
 }
 
+/* One thread per row: the row's key.  s_value[k] is offset k's bit at its rank
+** (0 outside the set, whose counts are 0 already). */
 template <typename K>
 __global__ void mask_keys_kernel(const int32_t *__restrict__ map, int64_t n, int volume,
-                                 const unsigned long long *__restrict__ count,
+                                 uint64_t offsets, const unsigned long long *__restrict__ count,
                                  K *__restrict__ keys, int32_t *__restrict__ rows) {
-  __shared__ int s_bit[TSP_MASK_ORDER_MAX_VOLUME];
+  __shared__ K s_value[TSP_MASK_ORDER_MAX_VOLUME];
   __shared__ int64_t s_count[TSP_MASK_ORDER_MAX_VOLUME];
   for (int k = threadIdx.x; k < volume; k += blockDim.x) s_count[k] = (int64_t)count[k];
   __syncthreads();
   for (int k = threadIdx.x; k < volume; k += blockDim.x)
-    s_bit[k] = tsp_mask_bit_rank(s_count, volume, k);
+    s_value[k] = ((offsets >> k) & 1) ? (K)1 << tsp_mask_bit_rank(s_count, volume, k) : (K)0;
   __syncthreads();
   for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n;
        r += (int64_t)gridDim.x * blockDim.x) {
     const int32_t *row = map + r * volume;
     K m = 0;
-    for (int k = 0; k < volume; ++k) m |= (K)(row[k] >= 0) << s_bit[k];
+    for (int k = 0; k < volume; ++k) m |= row[k] >= 0 ? s_value[k] : (K)0;
     keys[r] = m;
     rows[r] = (int32_t)r;
   }
@@ -80,8 +88,9 @@ size_t tsp_mask_order_cuda_workspace(int64_t n_rows, int64_t volume) {
 }
 
 template <typename K>
-static tsp_status mask_order(const int32_t *map, int64_t n, int volume, int32_t *order,
-                             void *workspace, size_t workspace_bytes, cudaStream_t stream) {
+static tsp_status mask_order(const int32_t *map, int64_t n, int volume, uint64_t offsets,
+                             int32_t *order, void *workspace, size_t workspace_bytes,
+                             cudaStream_t stream) {
   size_t temp = 0;
   const size_t need = mask_order_bytes<K>(n, volume, &temp);
   if (need == 0 || workspace_bytes < need) return TSP_ERR_ARGUMENT;
@@ -100,25 +109,27 @@ static tsp_status mask_order(const int32_t *map, int64_t n, int volume, int32_t 
   if (s != TSP_OK) return s;
   const unsigned count_blocks = tsp_grid_blocks(n * volume, threads) < 264u
                                     ? tsp_grid_blocks(n * volume, threads) : 264u;
-  mask_count_kernel<<<count_blocks, threads, 0, stream>>>(map, n, volume, count);
+  mask_count_kernel<<<count_blocks, threads, 0, stream>>>(map, n, volume, offsets, count);
   if ((s = tsp_cuda_check_launch("tsp_mask_order_cuda: counts")) != TSP_OK) return s;
-  mask_keys_kernel<K><<<tsp_grid_blocks(n, threads), threads, 0, stream>>>(map, n, volume, count,
-                                                                           keys_in, rows_in);
+  mask_keys_kernel<K><<<tsp_grid_blocks(n, threads), threads, 0, stream>>>(
+      map, n, volume, offsets, count, keys_in, rows_in);
   if ((s = tsp_cuda_check_launch("tsp_mask_order_cuda: keys")) != TSP_OK) return s;
   return tsp_cuda_check(cub::DeviceRadixSort::SortPairs(p, temp, keys_in, keys_out, rows_in, order,
                                                         (int)n, 0, volume, stream),
                         "tsp_mask_order_cuda: sort");
 }
 
-tsp_status tsp_mask_order_cuda(const int32_t *map, int64_t n_rows, int64_t volume, int32_t *order,
-                               void *workspace, size_t workspace_bytes, tsp_cuda_stream stream) {
+tsp_status tsp_mask_order_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
+                               uint64_t offsets, int32_t *order, void *workspace,
+                               size_t workspace_bytes, tsp_cuda_stream stream) {
   if (n_rows == 0 && volume >= 1 && volume <= TSP_MASK_ORDER_MAX_VOLUME)
     return TSP_OK; /* empty tensors may have NULL data */
   if (!map || !order || n_rows < 0 || volume < 1 || volume > TSP_MASK_ORDER_MAX_VOLUME ||
       n_rows > 0x7fffffffLL)
     return TSP_ERR_ARGUMENT;
   cudaStream_t st = (cudaStream_t)stream;
-  return volume <= 32
-             ? mask_order<uint32_t>(map, n_rows, (int)volume, order, workspace, workspace_bytes, st)
-             : mask_order<uint64_t>(map, n_rows, (int)volume, order, workspace, workspace_bytes, st);
+  return volume <= 32 ? mask_order<uint32_t>(map, n_rows, (int)volume, offsets, order, workspace,
+                                              workspace_bytes, st)
+                      : mask_order<uint64_t>(map, n_rows, (int)volume, offsets, order, workspace,
+                                              workspace_bytes, st);
 }
