@@ -25,9 +25,11 @@ TORCH_LIBRARY(torchsp, m) {
   m.def("mask_order(Tensor nbmap, int offsets=-1) -> Tensor", tags);
   m.def(
       "conv_fwd(Tensor x, Tensor weight, Tensor nbmap, Tensor nbmap_t, int[] fwd_algo, "
-      "int[] dgrad_algo, int[] wgrad_algo, Tensor? order=None, Tensor? order_t=None) -> Tensor",
+      "int[] dgrad_algo, int[] wgrad_algo, Tensor? order=None, Tensor? order_t=None, int[] segs=[], "
+      "int[] segs_t=[]) -> Tensor",
       tags);
-  m.def("conv_dgrad(Tensor dy, Tensor weight, Tensor nbmap_t, int[] algo, Tensor? order_t=None) -> Tensor",
+  m.def("conv_dgrad(Tensor dy, Tensor weight, Tensor nbmap_t, int[] algo, Tensor? order_t=None, "
+        "int[] segs_t=[]) -> Tensor",
         tags);
   m.def("conv_wgrad(Tensor x, Tensor dy, Tensor nbmap, int[] algo) -> Tensor", tags);
 }

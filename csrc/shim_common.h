@@ -57,18 +57,52 @@ inline void check_map(const at::Tensor &m, const char *op, const char *arg) {
               m.scalar_type());
 }
 
-/* An optional row order (tsp_conv_problem.order): int32 [rows] beside `ref`.
-** Its values are not read here (that would synchronise); the kernels skip
-** entries outside [0, rows). */
+/* An optional row order (tsp_conv_problem.order): int32 [rows] beside `ref`,
+** or, for a segmented pass (`segmented`), a row list of any length that the
+** segments index.  Its values are not read here (that would synchronise);
+** the kernels skip entries outside [0, rows). */
 inline void check_order(const std::optional<at::Tensor> &o, int64_t rows, const at::Tensor &ref,
-                        const char *op, const char *arg) {
+                        const char *op, const char *arg, bool segmented = false) {
   if (!o.has_value() || !o->defined()) return;
-  TORCH_CHECK(o->dim() == 1 && o->size(0) == rows, op, ": ", arg, " must be [", rows,
+  TORCH_CHECK(o->dim() == 1 && (segmented || o->size(0) == rows), op, ": ", arg, " must be [", rows,
               "] (one entry per map row), got shape ", o->sizes());
   TORCH_CHECK(o->scalar_type() == at::kInt, op, ": ", arg, " must be int32, got ",
               o->scalar_type());
   TORCH_CHECK(o->device() == ref.device(), op, ": ", arg, " is on ", o->device(), " but the map is on ",
               ref.device());
+}
+
+/* A segmented plan (tsp_segment, torchsp/plan.py): flat [start, count,
+** offsets, all_rows] per segment, indexing the row list `order` of a map
+** with `rows` rows and `volume` offsets.  Empty: no segments. */
+inline std::vector<tsp_segment> make_segments(c10::IntArrayRef v, const std::optional<at::Tensor> &order,
+                                              int64_t rows, int64_t volume, const char *op,
+                                              const char *arg, const char *order_arg) {
+  std::vector<tsp_segment> segs;
+  if (v.empty()) return segs;
+  TORCH_CHECK(v.size() % 4 == 0, op, ": ", arg, " must hold [start, count, offsets, all_rows] per segment, got ",
+              v.size(), " numbers");
+  TORCH_CHECK(order.has_value() && order->defined(), op, ": ", arg, " needs the row list ", order_arg);
+  TORCH_CHECK(volume <= 64, op, ": ", arg, ": segmented passes take at most 64 offsets, got ", volume);
+  const int64_t listed = order->size(0);
+  for (size_t i = 0; i < v.size(); i += 4) {
+    tsp_segment g;
+    g.start = v[i];
+    g.count = v[i + 1];
+    g.offsets = static_cast<uint64_t>(v[i + 2]);
+    g.all_rows = static_cast<int32_t>(v[i + 3]);
+    TORCH_CHECK(g.start >= 0 && g.count >= 0 && g.start <= listed - g.count, op, ": ", arg, " segment ",
+                i / 4, " [start ", g.start, ", count ", g.count, "] is outside ", order_arg, " (",
+                listed, " entries)");
+    TORCH_CHECK(g.all_rows == 0 || (g.all_rows == 1 && g.count == rows), op, ": ", arg, " segment ",
+                i / 4, ": all_rows must be 0, or 1 with count == ", rows, " rows, got all_rows ",
+                v[i + 3], " and count ", g.count);
+    TORCH_CHECK(volume == 64 || (g.offsets >> volume) == 0, op, ": ", arg, " segment ", i / 4,
+                ": offsets mask ", v[i + 2], " names offsets past V = ", volume);
+    segs.push_back(g);
+  }
+  TORCH_CHECK(segs.size() <= 0x7fffffff, op, ": ", arg, ": too many segments");
+  return segs;
 }
 
 /* mask_order's map: int32 [N, V] with V <= TSP_MASK_ORDER_MAX_VOLUME. */

@@ -91,14 +91,18 @@ at::Tensor conv_fwd_cpu(const at::Tensor &x_, const at::Tensor &w_, const at::Te
                         const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
                         c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
                         const std::optional<at::Tensor> &order,
-                        const std::optional<at::Tensor> &order_t) {
+                        const std::optional<at::Tensor> &order_t, c10::IntArrayRef segs,
+                        c10::IntArrayRef segs_t) {
   const char *op = "torchsp.conv_fwd";
   tsp_conv_problem p = fwd_problem(x_, w_, nbmap_, nbmap_t, fwd_algo, op);
   make_algo(dgrad_algo, op, "dgrad_algo");
   make_algo(wgrad_algo, op, "wgrad_algo");
-  /* Row orders only steer the CUDA tiles; checked here so both devices agree. */
-  check_order(order, p.n_out, nbmap_, op, "order");
-  check_order(order_t, p.n_in, nbmap_, op, "order_t");
+  /* Row orders and segments only steer the CUDA tiles (the CPU kernels sum
+  ** every offset in one fixed order); checked here so both devices agree. */
+  check_order(order, p.n_out, nbmap_, op, "order", !segs.empty());
+  check_order(order_t, p.n_in, nbmap_, op, "order_t", !segs_t.empty());
+  make_segments(segs, order, p.n_out, p.volume, op, "segs", "order");
+  make_segments(segs_t, order_t, p.n_in, p.volume, op, "segs_t", "order_t");
   const at::ScalarType ct = compute_type(x_.scalar_type());
   at::Tensor x = x_.to(ct).contiguous(), w = w_.to(ct).contiguous();
   at::Tensor nbmap = nbmap_.contiguous();
@@ -118,10 +122,11 @@ at::Tensor conv_fwd_cpu(const at::Tensor &x_, const at::Tensor &w_, const at::Te
 
 at::Tensor conv_dgrad_cpu(const at::Tensor &dy_, const at::Tensor &w_,
                           const at::Tensor &nbmap_t_, c10::IntArrayRef algo,
-                          const std::optional<at::Tensor> &order_t) {
+                          const std::optional<at::Tensor> &order_t, c10::IntArrayRef segs_t) {
   const char *op = "torchsp.conv_dgrad";
   tsp_conv_problem p = dgrad_problem(dy_, w_, nbmap_t_, algo, op);
-  check_order(order_t, p.n_in, nbmap_t_, op, "order_t");
+  check_order(order_t, p.n_in, nbmap_t_, op, "order_t", !segs_t.empty());
+  make_segments(segs_t, order_t, p.n_in, p.volume, op, "segs_t", "order_t");
   const at::ScalarType ct = compute_type(dy_.scalar_type());
   at::Tensor dy = dy_.to(ct).contiguous(), w = w_.to(ct).contiguous();
   at::Tensor nbmap_t = nbmap_t_.contiguous();

@@ -127,13 +127,18 @@ at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::T
                          const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
                          c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
                          const std::optional<at::Tensor> &order_,
-                         const std::optional<at::Tensor> &order_t) {
+                         const std::optional<at::Tensor> &order_t, c10::IntArrayRef segs_,
+                         c10::IntArrayRef segs_t) {
   const char *op = "torchsp.conv_fwd";
   tsp_conv_problem p = fwd_problem(x_, w_, nbmap_, nbmap_t, fwd_algo, op);
   make_algo(dgrad_algo, op, "dgrad_algo");
   make_algo(wgrad_algo, op, "wgrad_algo");
-  check_order(order_, p.n_out, nbmap_, op, "order");
-  check_order(order_t, p.n_in, nbmap_, op, "order_t");
+  check_order(order_, p.n_out, nbmap_, op, "order", !segs_.empty());
+  check_order(order_t, p.n_in, nbmap_, op, "order_t", !segs_t.empty());
+  const std::vector<tsp_segment> segs = make_segments(segs_, order_, p.n_out, p.volume, op, "segs", "order");
+  make_segments(segs_t, order_t, p.n_in, p.volume, op, "segs_t", "order_t");
+  p.segs = segs.data();
+  p.n_segs = static_cast<int32_t>(segs.size());
   check_cuda_dtype(x_, op, "x");
   c10::cuda::CUDAGuard guard(x_.device());
   at::Tensor x = x_.contiguous(), w = w_.contiguous(), nbmap = nbmap_.contiguous();
@@ -151,10 +156,14 @@ at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::T
 
 at::Tensor conv_dgrad_cuda(const at::Tensor &dy_, const at::Tensor &w_,
                            const at::Tensor &nbmap_t_, c10::IntArrayRef algo,
-                           const std::optional<at::Tensor> &order_t_) {
+                           const std::optional<at::Tensor> &order_t_, c10::IntArrayRef segs_t_) {
   const char *op = "torchsp.conv_dgrad";
   tsp_conv_problem p = dgrad_problem(dy_, w_, nbmap_t_, algo, op);
-  check_order(order_t_, p.n_in, nbmap_t_, op, "order_t");
+  check_order(order_t_, p.n_in, nbmap_t_, op, "order_t", !segs_t_.empty());
+  const std::vector<tsp_segment> segs_t =
+      make_segments(segs_t_, order_t_, p.n_in, p.volume, op, "segs_t", "order_t");
+  p.segs_t = segs_t.data();
+  p.n_segs_t = static_cast<int32_t>(segs_t.size());
   check_cuda_dtype(dy_, op, "dy");
   c10::cuda::CUDAGuard guard(dy_.device());
   at::Tensor dy = dy_.contiguous(), w = w_.contiguous(), nbmap_t = nbmap_t_.contiguous();

@@ -90,21 +90,42 @@ typedef enum {
 /* Dataflow of one convolution pass (forward, dgrad or wgrad). */
 typedef enum {
   TSP_DATAFLOW_OUTPUT_STATIONARY = 0, /* per output row, sum over offsets; no atomics */
-  TSP_DATAFLOW_WEIGHT_STATIONARY = 1, /* per offset over its pairs (reserved: served as 0 for now) */
-  TSP_DATAFLOW_HYBRID = 2             /* offsets with L1 < threshold OS, rest WS (reserved: served as 0) */
+  TSP_DATAFLOW_WEIGHT_STATIONARY = 1, /* per offset over its pairs (CPU: conv.c; CUDA: segments) */
+  TSP_DATAFLOW_HYBRID = 2             /* offsets with L1 < threshold OS, rest WS (CUDA: segments; CPU: as 0) */
 } tsp_dataflow;
 
 /* A pass's algorithm choice: what the autotuner picks and caches.  The int[]
 ** argument of the conv ops is these four numbers in this order.  A backend
-** serves a dataflow it lacks with output-stationary (same result); with
-** deterministic algorithms on, the Python layer asks for atomic-free ones
-** (output-stationary; wgrad is always deterministic unless split < 0). */
+** serves a dataflow it lacks with output-stationary (same result).  On CUDA
+** the dataflow reaches the kernels as segments (tsp_segment, built by
+** torchsp/plan.py from these numbers); every CUDA and CPU dataflow is
+** atomic-free and deterministic. */
 typedef struct {
   int32_t dataflow;  /* tsp_dataflow */
   int32_t tile;      /* kernel configuration (CUDA: tile shape index); 0 = the kernel's default */
-  int32_t split;     /* split-K factor: offsets (output-stationary) or rows (wgrad); 0 or 1 = none */
+  int32_t split;     /* output-stationary: mask splits (offset groups, torchsp/plan.py); 0 or 1 = none */
   int32_t threshold; /* hybrid: L1-norm threshold t; output-stationary: -1 = ignore row order (unsorted) */
 } tsp_algo;
+
+/* One segment of a segmented output-stationary pass (CUDA): the tiles walk
+** the map rows order[start .. start + count) and sum only over the offsets
+** whose bit is set in `offsets` (V <= 64).  Segments run in array order and
+** their sums add up (fp32 accumulation in the workspace), so one plan
+** expresses every dataflow of torchsp/plan.py:
+**   - mask splits (TorchSparse++): S segments over all rows, each with a row
+**     order sorted by the masks of its own offset group;
+**   - weight-stationary (fetch-on-demand): one segment per offset k over its
+**     pair list (kernel_map_pairs), offsets = 1 << k; every tile is full;
+**   - hybrid (Spira): weight-stationary segments for the offsets with L1 norm
+**     >= t, then one segment over all rows for the rest.
+** A row appears at most once per segment (the sums are plain read-add-write,
+** no atomics: deterministic). */
+typedef struct {
+  int64_t start;     /* first entry of the segment's rows in order / order_t */
+  int64_t count;     /* how many rows */
+  uint64_t offsets;  /* bit k: offset k takes part */
+  int32_t all_rows;  /* 1 when the rows are every map row (a permutation, count == rows) */
+} tsp_segment;
 
 /* Sizes of one convolution.  Forward: x [n_in, c_in] -> y [n_out, c_out].
 ** dgrad: dy [n_out, c_out] -> dx [n_in, c_in].  wgrad: x, dy -> dw [V, c_in, c_out]. */
@@ -124,7 +145,15 @@ typedef struct {
   ** kernels and algo.threshold == -1 ignore them.  Device pointers. */
   const int32_t *order;   /* [n_out] order of nbmap's rows (forward) */
   const int32_t *order_t; /* [n_in] order of nbmap_t's rows (dgrad) */
+  /* Optional segmented plans of the CUDA forward / dgrad (n_segs == 0: one
+  ** plain pass).  With segments, order / order_t is instead a concatenation
+  ** of row lists that the segments index (see tsp_segment). */
+  const tsp_segment *segs;   /* host array [n_segs] (forward) */
+  int32_t n_segs;
+  const tsp_segment *segs_t; /* host array [n_segs_t] (dgrad) */
+  int32_t n_segs_t;
 } tsp_conv_problem;
+
 
 /* Row order of a kernel map [n_rows, V] for tsp_conv_problem.order: the rows
 ** stably sorted by neighbour mask, V <= 63.  The mask of row r has one bit

@@ -81,3 +81,48 @@ def test_tensor_core_tiles(tile):
     torch.cuda.synchronize()
     assert (y.double().cpu() - ref.feats).norm() / ref.feats.norm() < 1e-2
     assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
+
+
+@pytest.mark.parametrize("algo", [[0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 2], [1, 9, 0, 0], [2, 9, 0, 1]],
+                         ids=["split2", "ws", "hybrid2", "ws_t9", "hybrid1_t9"])
+def test_segmented_dataflows(algo):
+    """Segmented plans (torchsp/plan.py: mask splits, weight-stationary, hybrid) under the
+    sanitizers: fp32 partial sums in the workspace, pair-list rows, fwd and dgrad."""
+    coords = _coords(900, seed=12)
+    feats = torch.randn(coords.shape[0], 40, dtype=torch.float64)
+    w = torch.randn(27, 40, 144, dtype=torch.float64) / 20
+    x_cpu = torchsp.SparseTensor(feats, coords)
+    ref = torchsp.functional.sparse_conv3d(x_cpu, w, 3, algo=[0, 0, 0, 0])
+    g = torch.linspace(-1, 1, ref.feats.numel(), dtype=torch.float64).reshape(ref.feats.shape)
+    ref_dx = torch.ops.torchsp.conv_dgrad(g, w, torchsp.kmap.get_kernel_map(x_cpu, 3)[0].nbmap_t, [0, 0, 0, 0], None)
+    x = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
+    geom = torchsp.kmap.ConvGeometry(3)
+    km = torchsp.kmap.get_kernel_map(x, geom)[0]
+    order, segs = torchsp.plan.pass_plan(km, "fwd", algo, geom)
+    order_t, segs_t = torchsp.plan.pass_plan(km, "dgrad", algo, geom)
+    assert segs and segs_t
+    w16 = w.to("cuda", torch.float16)
+    y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, algo, algo, algo, order, order_t, segs,
+                                   segs_t)
+    dx = torch.ops.torchsp.conv_dgrad(g.to("cuda", torch.float16), w16, km.nbmap_t, algo, order_t, segs_t)
+    torch.cuda.synchronize()
+    assert (y.double().cpu() - ref.feats).norm() / ref.feats.norm() < 1e-2
+    assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
+
+
+@pytest.mark.parametrize("kernel,stride", [(3, 1), (5, 1), (2, 2)])
+def test_map_pairs(kernel, stride):
+    """kernel_map_pairs (the weight-stationary form) and mask_order with an offset subset under
+    the sanitizers, against the same lists computed with torch.nonzero / a stable sort."""
+    coords = _coords(800, seed=kernel + 20)
+    x = torchsp.SparseTensor(torch.zeros(coords.shape[0], 1, device="cuda"), coords.cuda())
+    km = torchsp.kmap.get_kernel_map(x, kernel, stride=stride)[0]
+    for nb in (km.nbmap, km.nbmap_t):
+        pairs, starts = torchsp.kmap.map_pairs(nb)
+        kq = (nb.t() >= 0).nonzero()
+        assert torch.equal(pairs.long().cpu(), kq[:, 1].cpu())
+        counts = torch.bincount(kq[:, 0], minlength=nb.shape[1]).cpu()
+        assert torch.equal(starts.cpu(), torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]))
+        if nb.shape[1] <= 63:
+            order = torchsp.kmap.mask_order(nb, 0b1010101)
+            assert torch.equal(order.sort().values.cpu(), torch.arange(nb.shape[0], dtype=torch.int32))

@@ -14,7 +14,7 @@ from ._loader import load_library as _load_library
 _build_info = _load_library()
 
 from . import _autograd, _fake  # noqa: E402,F401  (registrations)
-from . import functional, kmap, nn, ops  # noqa: E402,F401
+from . import functional, kmap, nn, ops, plan  # noqa: E402,F401
 from .tensor import SparseCache, SparseTensor  # noqa: E402
 from .voxelize import sparse_collate, voxelize  # noqa: E402
 

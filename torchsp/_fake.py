@@ -43,13 +43,14 @@ def _mask_order(nbmap, offsets=-1):
 
 
 @torch.library.register_fake("torchsp::conv_fwd")
-def _conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order=None, order_t=None):
+def _conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order=None, order_t=None, segs=(),
+              segs_t=()):
     torch._check(x.shape[1] == weight.shape[1], lambda: "torchsp.conv_fwd: channel mismatch")
     return x.new_empty((nbmap.shape[0], weight.shape[2]))
 
 
 @torch.library.register_fake("torchsp::conv_dgrad")
-def _conv_dgrad(dy, weight, nbmap_t, algo, order_t=None):
+def _conv_dgrad(dy, weight, nbmap_t, algo, order_t=None, segs_t=()):
     return dy.new_empty((nbmap_t.shape[0], weight.shape[1]))
 
 

@@ -1,6 +1,7 @@
 """Functional sparse convolution.
 
     torchsp.functional.sparse_conv3d -> torchsp.kmap.get_kernel_map (cached)
+        -> torchsp.plan.pass_plan (CUDA: the segments of the chosen dataflow, cached)
         -> torch.ops.torchsp.conv_fwd -> csrc/shim_{cpu,cuda}.cpp -> tsp_conv_fwd_{cpu,cuda}
 """
 
@@ -8,6 +9,7 @@ import torch
 
 from .geometry import volume
 from .kmap import ConvGeometry, get_kernel_map
+from .plan import pass_plan
 from .tensor import SparseTensor
 from .tune import choose_algo
 
@@ -87,8 +89,10 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     if algo is None:
         algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight)
     fwd, dgrad, wgrad = _resolve_algo(algo)
+    order, segs = pass_plan(kmap, "fwd", fwd, geom, feats.dtype)
+    order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype)
     y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
-                                   kmap.order, kmap.order_t)
+                                   order, order_t, segs, segs_t)
     if bias is not None:
         y = y + bias
     return SparseTensor(y, out_coords, out_stride, cache=input.cache, coord_key=out_key, check=False)

@@ -32,6 +32,7 @@ class KernelMap:
         nbmap_t: int32 [N_in, V], output row that reads input p through offset k, or -1 (dgrad).
         order, order_t: int32 [N_out] / [N_in] row permutations sorted by neighbour mask
             (see mask_order), or None; CUDA tensor-core tiles walk rows in this order.
+        plans: dict filled by torchsp.plan (pair lists, segmented plans of each dataflow).
     """
 
     def __init__(self, nbmap, nbmap_t, order=None, order_t=None):
@@ -39,6 +40,7 @@ class KernelMap:
         self.nbmap_t = nbmap_t
         self.order = order
         self.order_t = order_t
+        self.plans = {}  # torchsp.plan: pair lists and segmented plans, built on first use
 
     def swapped(self):
         return KernelMap(self.nbmap_t, self.nbmap, self.order_t, self.order)

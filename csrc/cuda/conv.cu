@@ -16,12 +16,13 @@
 **     elsewhere those tiles fall back to the mma.sync kernel;
 **   - everything else (float32, odd channels such as the 4-5 input channels of
 **     a LiDAR net, misaligned views): conv_simple.cu, correct for any shape.
-** Every dataflow value of prob->algo is served by the output-stationary
-** kernels for now; split is not read; tile picks the tensor-core tile shape
-** (conv_implicit_gemm.cu).  The tensor-core kernels walk rows in
-** prob->order / order_t (mask-sorted) when given, unless algo.threshold ==
-** -1 (unsorted).  All paths are deterministic (no float atomics): wgrad's
-** split over rows reduces in a fixed order.
+** The dataflow of a tensor-core forward or dgrad is its list of segments
+** (tsp_segment; torchsp/plan.py builds them: mask splits, weight-stationary,
+** hybrid): one launch per segment, summed in an fp32 workspace, see
+** output_stationary() below.  Without segments the tiles walk prob->order /
+** order_t (mask-sorted) when given, unless algo.threshold == -1 (unsorted).
+** All paths are deterministic (no float atomics): wgrad's split over rows
+** reduces in a fixed order.
 ** float64 is TSP_ERR_UNSUPPORTED (the CPU kernels serve gradcheck).
 **
 ** Measured (H100, tools/bench.py, fp16, lidar_198k.npz, map cached, CUDA
@@ -39,9 +40,12 @@
 ** with 128- or 256-row tiles, pipelined or not) lands within 10% of the
 ** others, with ncu reporting the L2 ~78% busy (3.4-3.8 TB/s of L2 traffic):
 ** the per-(tile, offset) weight reloads and gathers, not the tensor cores
-** (23-30% busy), bound them.  Next: fewer (tile, offset) pairs (mask splits,
-** a better bit order for mask sorting), weight-stationary for sparse
-** offsets, tf32 for float32.
+** (23-30% busy), bound them.  Segmented dataflows, same tool (2026-11-23,
+** fwd us at C = 32 / 64 / 128 / 256): mask splits S = 2 130 / 236 / 356 /
+** 957 (the only win: 7% at C = 256), weight-stationary 461 / 744 / 983 /
+** 2068, hybrid t = 3 205 / 362 / 514 / 1249: on this scan the fp32 partial
+** sums (read-add-write per pair) and one launch per offset cost more than
+** the skipped tile work saves, and the tuner keeps output-stationary.
 */
 #include "conv_internal.cuh"
 
@@ -63,49 +67,129 @@ static size_t element_bytes(tsp_dtype dtype) { return dtype == TSP_FLOAT32 ? 4 :
 /* algo.tile values served by conv_wgmma.cu (sm_90a builds); others by conv_implicit_gemm.cu. */
 static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 10; }
 
-/* Tensor cores need sm_80 (mma.sync m16n8k16 with bf16, cp.async). */
-static int tensor_cores_available(void) { return tsp_device_cc() >= 80; }
-
 static int fast_dtype(tsp_dtype dtype) {
   return dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16;
 }
 
-/* Bytes of fp32 wgrad partials; forward and dgrad need none, but the shim
-** asks once per pass with the same problem, so the size covers wgrad. */
+static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* Workspace of one output-stationary pass: the wgmma forward's K-major copy
+** of w, then (segmented plans) fp32 partial sums [rows, n]. */
+static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t n, int n_segs) {
+  size_t bytes = 0;
+  if (is_wgmma_tile(p->algo.tile)) bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
+  if (n_segs > 0) bytes += (size_t)(rows * n) * sizeof(float);
+  return bytes;
+}
+
+/* The shim asks once per pass with that pass's problem: the size covers
+** forward (segs), dgrad (segs_t) and wgrad's fp32 partials, whichever is set. */
 size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
-  size_t bytes = 0;
-  if (is_wgmma_tile(prob->algo.tile)) /* forward's K-major copy of w */
-    bytes = tsp_conv_wgmma_workspace(prob->volume, prob->c_in, prob->c_out);
+  size_t bytes = os_workspace(prob, prob->n_out, prob->c_out, prob->n_segs);
+  const size_t dgrad = os_workspace(prob, prob->n_in, prob->c_in, prob->n_segs_t);
+  if (dgrad > bytes) bytes = dgrad;
   const int64_t chunks = tsp_wgrad_chunks(prob);
   if (chunks <= 1) return bytes;
   const size_t partials = (size_t)chunks * (size_t)(prob->volume * prob->c_in * prob->c_out) * sizeof(float);
   return partials > bytes ? partials : bytes;
 }
 
-/* Forward and dgrad are one output-stationary problem with roles swapped. */
-static tsp_status output_stationary(tsp_dtype dtype, const void *src, int64_t src_rows,
-                                    const void *w, const int32_t *map, const int32_t *order,
-                                    int64_t rows,
-                                    int64_t volume, int64_t red, int64_t n, int transposed_w, int tile,
-                                    void *out, void *workspace, size_t workspace_bytes,
-                                    cudaStream_t stream) {
+typedef enum { OS_SIMPLE, OS_IGEMM, OS_WGMMA } os_kernel;
+
+static tsp_status os_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_launch *a,
+                            int transposed_w, int tile) {
+  if (kind == OS_WGMMA) return tsp_conv_wgmma_os(dtype, a, tile);
+  return tsp_conv_igemm_os(dtype, a, transposed_w, tile);
+}
+
+/*
+** Forward and dgrad are one output-stationary problem with roles swapped.
+** Without segments: one launch over all rows and offsets.  With segments
+** (tsp_segment): one launch per non-empty segment, in order, summing in fp32
+** partials: the first segment initialises them (or, when its rows are not
+** all rows, a memset does), the last all-rows segment rounds partials + sum
+** into out; if the last segment covers only some rows, a final pass rounds
+** the partials.  Shapes the tensor-core kernels do not take run the plain
+** pass (the same sum; segments only steer which tile does which part).
+*/
+static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, int transposed_w,
+                                    int tile, const tsp_segment *segs, int n_segs,
+                                    void *workspace, size_t workspace_bytes) {
+  const int64_t rows = base->rows, n = base->n;
+  cudaStream_t stream = base->stream;
   if (rows == 0 || n == 0) return TSP_OK;
-  if (red == 0 || src_rows == 0) /* no term in any sum */
-    return tsp_cuda_check(cudaMemsetAsync(out, 0, (size_t)(rows * n) * element_bytes(dtype),
+  if (base->red == 0 || base->src_rows == 0) /* no term in any sum */
+    return tsp_cuda_check(cudaMemsetAsync(base->out, 0, (size_t)(rows * n) * element_bytes(dtype),
                                           stream),
                           "tsp_conv: zero output");
-  const tsp_os_launch launch = {src, src_rows, w, map, order, rows, volume, red, n, out, stream};
-  if (fast_dtype(dtype) && is_wgmma_tile(tile)) {
-    tsp_status s = tsp_conv_wgmma_os(dtype, &launch, transposed_w, tile, workspace, workspace_bytes);
-    if (s != TSP_ERR_UNSUPPORTED) return s;
+  tsp_os_launch a = *base;
+  os_kernel kind = OS_SIMPLE;
+  if (fast_dtype(dtype) && is_wgmma_tile(tile) && tsp_conv_wgmma_check(dtype, &a, tile) == TSP_OK)
+    kind = OS_WGMMA;
+  else if (fast_dtype(dtype) && tsp_conv_igemm_check(dtype, &a) == TSP_OK)
+    kind = OS_IGEMM;
+  if (kind == OS_SIMPLE)
+    return tsp_conv_simple_os(dtype, a.src, a.src_rows, a.w, a.map, rows, a.volume, a.red, n,
+                              transposed_w, a.out, stream);
+  unsigned char *ws = (unsigned char *)workspace;
+  size_t used = 0;
+  if (kind == OS_WGMMA && !transposed_w) { /* forward: K-major copy of w first */
+    const size_t wbytes = align256(tsp_conv_wgmma_workspace(a.volume, a.red, n));
+    if (ws == NULL || workspace_bytes < wbytes) return TSP_ERR_ARGUMENT;
+    tsp_status s = tsp_conv_wgmma_weights(dtype, &a, ws);
+    if (s != TSP_OK) return s;
+    a.w = ws;
+    used = wbytes;
   }
-  if (fast_dtype(dtype) && tensor_cores_available()) {
-    tsp_status s = tsp_conv_igemm_os(dtype, &launch, transposed_w, tile);
-    if (s != TSP_ERR_UNSUPPORTED) return s;
+  if (n_segs <= 0) {
+    a.tile_rows = rows;
+    a.offsets = ~(uint64_t)0;
+    a.accum = NULL;
+    a.mode = TSP_EPI_STORE;
+    return os_launch(kind, dtype, &a, transposed_w, tile);
   }
-  return tsp_conv_simple_os(dtype, src, src_rows, w, map, rows, volume, red, n, transposed_w, out,
-                            stream);
+  if (a.order == NULL || segs == NULL) return TSP_ERR_ARGUMENT;
+  const size_t acc_bytes = (size_t)(rows * n) * sizeof(float);
+  if (ws == NULL || workspace_bytes < used + acc_bytes) return TSP_ERR_ARGUMENT;
+  float *accum = (float *)(ws + used);
+  int last = -1;
+  for (int i = 0; i < n_segs; ++i) {
+    const tsp_segment *g = &segs[i];
+    if (g->start < 0 || g->count < 0 || (g->all_rows && g->count != rows)) return TSP_ERR_ARGUMENT;
+    if (g->count > 0 && g->offsets != 0) last = i;
+  }
+  if (last < 0) /* no segment sums anything */
+    return tsp_cuda_check(cudaMemsetAsync(a.out, 0, (size_t)(rows * n) * element_bytes(dtype), stream),
+                          "tsp_conv: zero output");
+  int started = 0, finished = 0;
+  for (int i = 0; i <= last; ++i) {
+    const tsp_segment *g = &segs[i];
+    if (g->count == 0 || g->offsets == 0) continue;
+    tsp_os_launch sa = a;
+    sa.order = base->order + g->start;
+    sa.tile_rows = g->count;
+    sa.offsets = g->offsets;
+    sa.accum = accum;
+    if (!started) {
+      if (g->all_rows) {
+        sa.mode = i == last ? TSP_EPI_STORE : TSP_EPI_ACC_INIT;
+      } else {
+        tsp_status s = tsp_cuda_check(cudaMemsetAsync(accum, 0, acc_bytes, stream),
+                                      "tsp_conv: zero partial sums");
+        if (s != TSP_OK) return s;
+        sa.mode = TSP_EPI_ACC_ADD;
+      }
+      started = 1;
+    } else {
+      sa.mode = i == last && g->all_rows ? TSP_EPI_ACC_FINISH : TSP_EPI_ACC_ADD;
+    }
+    tsp_status s = os_launch(kind, dtype, &sa, transposed_w, tile);
+    if (s != TSP_OK) return s;
+    finished = sa.mode == TSP_EPI_STORE || sa.mode == TSP_EPI_ACC_FINISH;
+  }
+  if (finished) return TSP_OK;
+  return tsp_conv_reduce_partials(dtype, accum, 1, rows * n, a.out, stream);
 }
 
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
@@ -113,10 +197,13 @@ tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const 
                              size_t workspace_bytes, tsp_cuda_stream stream) {
   tsp_status s = check_problem(prob);
   if (s != TSP_OK) return s;
-  const int32_t *order = prob->algo.threshold == -1 ? NULL : prob->order;
-  return output_stationary(prob->dtype, x, prob->n_in, w, nbmap, order, prob->n_out, prob->volume,
-                           prob->c_in, prob->c_out, 0, prob->algo.tile, y, workspace,
-                           workspace_bytes, (cudaStream_t)stream);
+  const int segmented = prob->n_segs > 0;
+  const tsp_os_launch a = {x, prob->n_in, w, nbmap,
+                           segmented || prob->algo.threshold != -1 ? prob->order : NULL,
+                           prob->n_out, prob->volume, prob->c_in, prob->c_out, y,
+                           (cudaStream_t)stream, prob->n_out, ~(uint64_t)0, NULL, TSP_EPI_STORE};
+  return output_stationary(prob->dtype, &a, 0, prob->algo.tile, prob->segs, prob->n_segs,
+                           workspace, workspace_bytes);
 }
 
 tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, const void *w,
@@ -124,10 +211,13 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
                                size_t workspace_bytes, tsp_cuda_stream stream) {
   tsp_status s = check_problem(prob);
   if (s != TSP_OK) return s;
-  const int32_t *order = prob->algo.threshold == -1 ? NULL : prob->order_t;
-  return output_stationary(prob->dtype, dy, prob->n_out, w, nbmap_t, order, prob->n_in, prob->volume,
-                           prob->c_out, prob->c_in, 1, prob->algo.tile, dx, workspace,
-                           workspace_bytes, (cudaStream_t)stream);
+  const int segmented = prob->n_segs_t > 0;
+  const tsp_os_launch a = {dy, prob->n_out, w, nbmap_t,
+                           segmented || prob->algo.threshold != -1 ? prob->order_t : NULL,
+                           prob->n_in, prob->volume, prob->c_out, prob->c_in, dx,
+                           (cudaStream_t)stream, prob->n_in, ~(uint64_t)0, NULL, TSP_EPI_STORE};
+  return output_stationary(prob->dtype, &a, 1, prob->algo.tile, prob->segs_t, prob->n_segs_t,
+                           workspace, workspace_bytes);
 }
 
 tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, const void *dy,
@@ -143,7 +233,7 @@ tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, cons
                           "tsp_conv_wgrad: zero dw");
   if (workspace_bytes < tsp_conv_cuda_workspace(prob)) return TSP_ERR_ARGUMENT;
   float *partials = (float *)workspace;
-  if (fast_dtype(prob->dtype) && tensor_cores_available()) {
+  if (fast_dtype(prob->dtype) && tsp_device_cc() >= 80) {
     s = tsp_conv_mma_wgrad(prob, x, dy, nbmap, dw, partials, st);
     if (s != TSP_ERR_UNSUPPORTED) return s;
   }

@@ -60,7 +60,8 @@ template <typename T, typename CFG>
 __global__ void __launch_bounds__(CFG::THREADS)
     igemm_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order,
-                    int64_t rows, int volume, int red, int n, T *__restrict__ out) {
+                    int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
+                    int n, T *__restrict__ out, float *__restrict__ accum, int mode) {
   enum { BM = CFG::BM, BN = CFG::BN, BK = CFG::BK, STAGES = CFG::STAGES, NT = CFG::THREADS };
   enum { MI = CFG::MI, NI = CFG::NI, A_LD = CFG::A_LD, B_LD = CFG::B_LD };
   static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
@@ -78,7 +79,8 @@ __global__ void __launch_bounds__(CFG::THREADS)
   tsp_tile_origin(n, BM, BN, &row0, &n0);
 
   /* 1-2. The tile's map entries, per-offset masks of 16-row groups, used offsets. */
-  tsp_tile_offsets<BM, NT>(map, order, rows, row0, volume, src_rows, tile);
+  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile);
+  if (mode == TSP_EPI_ACC_ADD && *tile.count == 0) return; /* adds nothing (block-uniform) */
   const int chunks = (red + BK - 1) / BK;
   const int steps = *tile.count * chunks;
 
@@ -213,7 +215,8 @@ __global__ void __launch_bounds__(CFG::THREADS)
       for (int h = 0; h < 2; ++h) {
         const int32_t r = s_rows[wm0 + mi * 16 + (lane >> 2) + h * 8];
         if (r >= 0)
-          tsp_store2(out + (int64_t)r * n + col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+          tsp_tile_write2(mode, out, accum, (int64_t)r * n + col, acc[mi][ni][2 * h],
+                          acc[mi][ni][2 * h + 1]);
       }
     }
 }
@@ -224,11 +227,11 @@ template <typename T, typename CFG> static tsp_status launch_igemm(const tsp_os_
   tsp_status s = tsp_raise_smem_limit((const void *)igemm_os_kernel<T, CFG>, smem, &smem_raised,
                                       "tsp_conv_igemm_os");
   if (s != TSP_OK) return s;
-  const int64_t tiles = ((a.rows + CFG::BM - 1) / CFG::BM) * ((a.n + CFG::BN - 1) / CFG::BN);
+  const int64_t tiles = ((a.tile_rows + CFG::BM - 1) / CFG::BM) * ((a.n + CFG::BN - 1) / CFG::BN);
   if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
   igemm_os_kernel<T, CFG><<<(unsigned)tiles, CFG::THREADS, smem, a.stream>>>(
-      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, (int)a.volume,
-      (int)a.red, (int)a.n, (T *)a.out);
+      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, a.tile_rows,
+      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode);
   return tsp_cuda_check_launch("tsp_conv_igemm_os");
 }
 
@@ -254,14 +257,22 @@ template <typename T, bool TW> static tsp_status dispatch_igemm(const tsp_os_lau
   return launch_igemm<T, igemm_cfg<128, 128, 32, 32, 64, 4, TW> >(a);
 }
 
-tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile) {
+tsp_status tsp_conv_igemm_check(tsp_dtype dtype, const tsp_os_launch *a) {
+  if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
   if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
       a->volume > TSP_IGEMM_MAX_VOLUME || a->red > 0x7fffffff || a->n > 0x7fffffff ||
       a->src_rows > 0x7fffffff)
     return TSP_ERR_UNSUPPORTED;
   if (((uintptr_t)a->src | (uintptr_t)a->w) % 16 != 0 || (uintptr_t)a->out % 4 != 0)
     return TSP_ERR_UNSUPPORTED;
-  if (a->rows <= 0) return TSP_OK;
+  if (tsp_device_cc() < 80) return TSP_ERR_UNSUPPORTED; /* mma.sync bf16, cp.async */
+  return TSP_OK;
+}
+
+tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile) {
+  const tsp_status ok = tsp_conv_igemm_check(dtype, a);
+  if (ok != TSP_OK) return ok;
+  if (a->rows <= 0 || a->tile_rows <= 0) return TSP_OK;
   switch (dtype) {
   case TSP_FLOAT16:
     return transposed_w ? dispatch_igemm<__half, true>(*a, tile) : dispatch_igemm<__half, false>(*a, tile);

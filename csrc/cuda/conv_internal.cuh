@@ -136,27 +136,43 @@ tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int6
 ** is the row order tiles walk (tsp_conv_problem.order); NULL is 0, 1, 2, ... */
 enum { TSP_IGEMM_MAX_VOLUME = 64 };
 
-/* One output-stationary launch: out[r] = sum_k src[map[r, k]] @ W_k (see conv.cu). */
+/* How a tensor-core tile writes its sums (segmented passes, conv.cu):
+** out = sum; accum = sum; accum += sum; out = accum + sum. */
+enum { TSP_EPI_STORE = 0, TSP_EPI_ACC_INIT = 1, TSP_EPI_ACC_ADD = 2, TSP_EPI_ACC_FINISH = 3 };
+
+/* One output-stationary launch: out[r] = sum over k in offsets of src[map[r, k]] @ W_k,
+** for the rows r the tiles walk (see conv.cu). */
 typedef struct {
   const void *src;     /* [src_rows, red] gathered operand */
   int64_t src_rows;
   const void *w;       /* [volume, red, n], or [volume, n, red] when transposed */
   const int32_t *map;  /* [rows, volume] */
-  const int32_t *order; /* [rows] row order of the tiles, or NULL */
+  const int32_t *order; /* [tile_rows] map rows the tiles walk, or NULL: 0 .. rows - 1 */
   int64_t rows, volume, red, n;
   void *out;           /* [rows, n] */
   cudaStream_t stream;
+  int64_t tile_rows;   /* entries of order (rows when order is NULL) */
+  uint64_t offsets;    /* bit k: offset k takes part (~0: all) */
+  float *accum;        /* [rows, n] fp32 partial sums (modes other than STORE) */
+  int mode;            /* TSP_EPI_* */
 } tsp_os_launch;
+
+/* TSP_OK when the mma.sync kernel takes this shape (fp16/bf16, channels
+** multiples of 8, aligned operands, V <= 64, sm_80+), else TSP_ERR_UNSUPPORTED. */
+tsp_status tsp_conv_igemm_check(tsp_dtype dtype, const tsp_os_launch *a);
 tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile);
 tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);
-/* The wgmma kernels (sm_90a builds only, tile 6 or 7; TSP_ERR_UNSUPPORTED
-** otherwise).  Forward (transposed_w == 0) needs tsp_conv_wgmma_workspace
-** bytes of workspace for a K-major copy of w. */
+/* The wgmma kernels (sm_90a builds on sm_90 devices only, tiles 6-10;
+** TSP_ERR_UNSUPPORTED otherwise).  They read w K-major ([volume, n, red]):
+** dgrad's w already is; forward first writes a K-major copy with
+** tsp_conv_wgmma_weights into tsp_conv_wgmma_workspace bytes and passes it as
+** a->w. */
 size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n);
-tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile,
-                             void *workspace, size_t workspace_bytes);
+tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
+tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void *wt);
+tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 
 
 #endif /* TSP_CONV_INTERNAL_CUH */

@@ -11,18 +11,22 @@
 ** Output, all in shared memory (tsp_tile_smem, after the kernel's operand
 ** stages; tsp_tile_smem_bytes of it):
 **   nb[BM * volume]  map entry of (tile row i, offset k), or -1 (absent, or
-**                    outside [0, src_rows), or a tile row past the end);
+**                    outside [0, src_rows), or a tile row past the end, or an
+**                    offset outside the segment's `offsets` mask);
 **   rows[BM]         the map row of tile row i (order[row0 + i] or row0 + i),
 **                    -1 when none: its output is not written;
 **   groups[volume]   bit g set when a row of 16-row group g uses offset k;
 **   list[volume], *count: the offsets with groups[k] != 0, increasing.
 ** Ends with a __syncthreads(); every thread of the block must call it.
+** tsp_tile_write2 is the shared epilogue: it stores, or adds into the fp32
+** partial sums of a segmented pass (conv.cu), as the launch's mode says.
 */
 #ifndef TSP_CONV_TILE_CUH
 #define TSP_CONV_TILE_CUH
 
 #include <stdint.h>
 
+#include "conv_internal.cuh"
 #include "conv_mma.cuh"
 
 typedef struct {
@@ -57,15 +61,19 @@ static __device__ __forceinline__ void tsp_tile_origin(int n, int bm, int bn, in
   *row0 = mt * bm;
 }
 
+/* `rows`: rows of map (order entries outside [0, rows) name no row);
+** `tile_rows`: entries of order the tiles walk (rows when order is NULL);
+** `offsets`: bit k set when offset k takes part (others read as absent). */
 template <int BM, int NT>
 static __device__ __forceinline__ void tsp_tile_offsets(
     const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
-    int64_t row0, int volume, int64_t src_rows, const tsp_tile_smem &t) {
+    int64_t tile_rows, int64_t row0, int volume, uint64_t offsets, int64_t src_rows,
+    const tsp_tile_smem &t) {
   static_assert(BM / 16 <= 32, "row-group masks are 32-bit");
   int32_t *s_nb = t.nb, *s_rows = t.rows, *s_list = t.list, *s_count = t.count;
   uint32_t *s_groups = t.groups;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t rows_here = rows - row0 < BM ? rows - row0 : BM;
+  const int64_t rows_here = tile_rows - row0 < BM ? tile_rows - row0 : BM;
   /* The BM x V entries of consecutive rows are contiguous: cp.async puts every
   ** load in flight at once (a plain load loop was issued one round trip at a
   ** time); sanitised below in shared memory. */
@@ -107,11 +115,12 @@ static __device__ __forceinline__ void tsp_tile_offsets(
   for (int g = warp; g < BM / 16; g += NT / 32)
     for (int k = lane; k < volume; k += 32) {
       bool any = false;
+      const bool takes_part = (offsets >> k) & 1u; /* volume <= 64 */
 #pragma unroll 4
       for (int rr = 0; rr < 16; ++rr) {
         const int i = (g * 16 + rr) * volume + k;
         int32_t p = i < total ? s_nb[i] : -1;
-        if (p < 0 || (int64_t)p >= src_rows) p = -1;
+        if (p < 0 || (int64_t)p >= src_rows || !takes_part) p = -1;
         s_nb[i] = p;
         any |= p >= 0;
       }
@@ -131,6 +140,28 @@ static __device__ __forceinline__ void tsp_tile_offsets(
     if (lane == 0) *s_count = count;
   }
   __syncthreads();
+}
+
+/* Write two adjacent sums (col even) of tile row r as `mode` says (TSP_EPI_*):
+** out is [rows, n] of T, accum [rows, n] fp32; idx = r * n + col. */
+template <typename T>
+static __device__ __forceinline__ void tsp_tile_write2(int mode, T *__restrict__ out,
+                                                       float *__restrict__ accum, int64_t idx,
+                                                       float a, float b) {
+  if (mode == TSP_EPI_STORE) {
+    tsp_store2(out + idx, a, b);
+    return;
+  }
+  float2 *p = (float2 *)(accum + idx); /* n is a multiple of 8: 8-byte aligned */
+  if (mode == TSP_EPI_ACC_INIT) {
+    *p = make_float2(a, b);
+    return;
+  }
+  const float2 v = *p;
+  if (mode == TSP_EPI_ACC_ADD)
+    *p = make_float2(v.x + a, v.y + b);
+  else
+    tsp_store2(out + idx, v.x + a, v.y + b);
 }
 
 #endif /* TSP_CONV_TILE_CUH */

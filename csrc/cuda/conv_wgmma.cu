@@ -112,7 +112,8 @@ template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE>
 __global__ void __launch_bounds__(WG_THREADS)
     wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order,
-                    int64_t rows, int volume, int red, int n, T *__restrict__ out) {
+                    int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
+                    int n, T *__restrict__ out, float *__restrict__ accum, int mode) {
   enum { BM = 128 * MW, NT = WG_THREADS, A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T *s_a = (T *)smem_raw;
@@ -126,7 +127,8 @@ __global__ void __launch_bounds__(WG_THREADS)
   int n0;
   tsp_tile_origin(n, BM, BN, &row0, &n0);
 
-  tsp_tile_offsets<BM, NT>(map, order, rows, row0, volume, src_rows, tile);
+  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile);
+  if (mode == TSP_EPI_ACC_ADD && *tile.count == 0) return; /* adds nothing (block-uniform) */
   const int chunks = (red + BK - 1) / BK;
   const int steps = *tile.count * chunks;
 
@@ -250,7 +252,8 @@ __global__ void __launch_bounds__(WG_THREADS)
       for (int h = 0; h < 2; ++h) {
         const int32_t r = s_rows[(MW * wg + m) * 64 + wwarp * 16 + (lane >> 2) + h * 8];
         if (r >= 0)
-          tsp_store2(out + (int64_t)r * n + col, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
+          tsp_tile_write2(mode, out, accum, (int64_t)r * n + col, acc[m][4 * j + 2 * h],
+                          acc[m][4 * j + 2 * h + 1]);
       }
     }
 }
@@ -276,11 +279,11 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
   tsp_status s = tsp_raise_smem_limit((const void *)wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE>, smem,
                                       &smem_raised, "tsp_conv_wgmma_os");
   if (s != TSP_OK) return s;
-  const int64_t tiles = ((a.rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);
+  const int64_t tiles = ((a.tile_rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);
   if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
   wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE><<<(unsigned)tiles, WG_THREADS, smem, a.stream>>>(
-      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, (int)a.volume,
-      (int)a.red, (int)a.n, (T *)a.out);
+      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, a.tile_rows,
+      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode);
   return tsp_cuda_check_launch("tsp_conv_wgmma_os");
 }
 
@@ -330,12 +333,12 @@ size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n) {
 #endif
 }
 
-tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile,
-                             void *workspace, size_t workspace_bytes) {
+tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile) {
 #ifndef TSP_WGMMA
-  (void)dtype, (void)a, (void)transposed_w, (void)tile, (void)workspace, (void)workspace_bytes;
+  (void)dtype, (void)a, (void)tile;
   return TSP_ERR_UNSUPPORTED;
 #else
+  if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
   if (tile < 6 || tile > 10) return TSP_ERR_UNSUPPORTED;
   if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
       (a->n > 256 && tile != 8 && tile != 9) || a->volume > TSP_IGEMM_MAX_VOLUME ||
@@ -344,30 +347,44 @@ tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int transp
   if (((uintptr_t)a->src | (uintptr_t)a->w) % 16 != 0 || (uintptr_t)a->out % 4 != 0)
     return TSP_ERR_UNSUPPORTED;
   if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
-  if (a->rows <= 0) return TSP_OK;
-  tsp_os_launch k = *a;
-  if (!transposed_w) { /* forward: make w K-major in the workspace */
-    const int64_t total = a->volume * a->red * a->n;
-    if (workspace == NULL || workspace_bytes < tsp_conv_wgmma_workspace(a->volume, a->red, a->n) ||
-        (uintptr_t)workspace % 16 != 0)
-      return TSP_ERR_UNSUPPORTED;
-    const unsigned blocks = (unsigned)((total + 255) / 256 < 132 * 8 ? (total + 255) / 256 : 132 * 8);
-    if (dtype == TSP_FLOAT16)
-      wg_transpose_kernel<__half><<<blocks, 256, 0, a->stream>>>(
-          (const __half *)a->w, a->volume, (int)a->red, (int)a->n, (__half *)workspace);
-    else
-      wg_transpose_kernel<__nv_bfloat16><<<blocks, 256, 0, a->stream>>>(
-          (const __nv_bfloat16 *)a->w, a->volume, (int)a->red, (int)a->n,
-          (__nv_bfloat16 *)workspace);
-    tsp_status s = tsp_cuda_check_launch("tsp_conv_wgmma_os: transpose w");
-    if (s != TSP_OK) return s;
-    k.w = workspace;
-  }
+  return TSP_OK;
+#endif
+}
+
+/* Forward's w [volume, red, n] made K-major into wt (tsp_conv_wgmma_workspace bytes). */
+tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void *wt) {
+#ifndef TSP_WGMMA
+  (void)dtype, (void)a, (void)wt;
+  return TSP_ERR_UNSUPPORTED;
+#else
+  if (wt == NULL || (uintptr_t)wt % 16 != 0) return TSP_ERR_UNSUPPORTED;
+  const int64_t total = a->volume * a->red * a->n;
+  const unsigned blocks = (unsigned)((total + 255) / 256 < 132 * 8 ? (total + 255) / 256 : 132 * 8);
+  if (total <= 0) return TSP_OK;
+  if (dtype == TSP_FLOAT16)
+    wg_transpose_kernel<__half><<<blocks, 256, 0, a->stream>>>(
+        (const __half *)a->w, a->volume, (int)a->red, (int)a->n, (__half *)wt);
+  else
+    wg_transpose_kernel<__nv_bfloat16><<<blocks, 256, 0, a->stream>>>(
+        (const __nv_bfloat16 *)a->w, a->volume, (int)a->red, (int)a->n, (__nv_bfloat16 *)wt);
+  return tsp_cuda_check_launch("tsp_conv_wgmma_weights: transpose w");
+#endif
+}
+
+/* One launch; a->w is K-major ([volume, n, red]). */
+tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile) {
+#ifndef TSP_WGMMA
+  (void)dtype, (void)a, (void)tile;
+  return TSP_ERR_UNSUPPORTED;
+#else
+  const tsp_status ok = tsp_conv_wgmma_check(dtype, a, tile);
+  if (ok != TSP_OK) return ok;
+  if (a->rows <= 0 || a->tile_rows <= 0) return TSP_OK;
   switch (dtype) {
   case TSP_FLOAT16:
-    return dispatch_wgmma<__half>(k, tile);
+    return dispatch_wgmma<__half>(*a, tile);
   case TSP_BFLOAT16:
-    return dispatch_wgmma<__nv_bfloat16>(k, tile);
+    return dispatch_wgmma<__nv_bfloat16>(*a, tile);
   default:
     return TSP_ERR_UNSUPPORTED;
   }

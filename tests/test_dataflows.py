@@ -1,0 +1,222 @@
+"""Every CUDA dataflow (torchsp/plan.py) against independent references.
+
+Mask splits, weight-stationary and Spira's hybrid run as segmented passes of
+the tensor-core kernels.  Each is checked against the dense float64 reference
+(every regime of tests/cases.py, forward and backward), the fp64 gather
+reference on a real scan crop, and the worst cases (all offsets present, one
+row, channel counts 3 / 5 / 96 / 384).  The plans themselves are checked on
+the CPU: their segments must cover every (row, offset) pair of the map exactly
+once.  Workspace memory is poisoned with NaN before each GPU run, so a partial
+sum that is read before it is written cannot pass.
+"""
+
+import pytest
+import torch
+
+import reference as ref
+import torchsp
+from cases import CASES, CASE_IDS, build, reference
+from conftest import CUDA, crop_voxels, load_lidar, randn, rel_err
+from torchsp.plan import _build, pass_plan
+
+F = torchsp.functional
+ops = torch.ops.torchsp
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+
+# [dataflow, tile, split, threshold]; tile 9 is wgmma on sm_90a builds (else mma.sync).
+DATAFLOWS = {
+    "split2": [0, 0, 2, 0],
+    "split3": [0, 1, 3, 0],
+    "ws": [1, 0, 0, 0],
+    "ws_t9": [1, 9, 0, 0],
+    "hybrid1": [2, 0, 0, 1],
+    "hybrid2": [2, 0, 0, 2],
+    "hybrid3_t9": [2, 9, 0, 3],
+    "hybrid0": [2, 0, 0, 0],  # every offset weight-stationary
+    "hybrid_all_os": [2, 0, 0, 99],  # no offset weight-stationary: one plain segment
+}
+TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+def _poison_cache():
+    """Fill freed blocks of the caching allocator with NaN: workspaces reuse them."""
+    for kb in (65536, 8192, 1024, 256, 64, 16):
+        torch.empty(kb << 8, device="cuda").fill_(float("nan"))
+    torch.cuda.synchronize()
+
+
+def _covered(nbmap, seq, segs):
+    """Count per (row, offset) of how often the plan's segments sum it (dense [N, V] int)."""
+    n, v = nbmap.shape
+    cover = torch.zeros(n, v, dtype=torch.long)
+    for i in range(0, len(segs), 4):
+        start, count, bits, all_rows = segs[i:i + 4]
+        rows = seq[start:start + count].long()
+        ks = [k for k in range(v) if (bits >> k) & 1]
+        if all_rows:
+            assert sorted(rows.tolist()) == list(range(n))
+        assert rows.unique().numel() == rows.numel(), "a row twice in one segment"
+        for k in ks:
+            present = nbmap[rows, k] >= 0
+            cover[rows[present], k] += 1
+    return cover
+
+
+@pytest.mark.parametrize("name", list(DATAFLOWS))
+@pytest.mark.parametrize("kernel", [3, 2, 5])
+def test_plan_covers_every_pair_once(name, kernel):
+    """CPU: the segments of every dataflow sum each present (row, offset) exactly once."""
+    c = torch.unique(torch.cat([torch.randint(0, 2, (900, 1)), torch.randint(-6, 6, (900, 3))], 1), dim=0).int()
+    x = torchsp.SparseTensor(torch.zeros(c.shape[0], 1, dtype=torch.float64), c)
+    geom = torchsp.kmap.ConvGeometry(kernel, 2 if kernel == 2 else 1)
+    kmap = torchsp.kmap.get_kernel_map(x, geom)[0]
+    algo = DATAFLOWS[name]
+    for which, nb in (("fwd", kmap.nbmap), ("dgrad", kmap.nbmap_t)):
+        if nb.shape[1] > 63:
+            continue
+        seq, segs = _build(kmap, which, algo, geom.kernel_size, geom.dilation, geom.padding)
+        assert len(segs) % 4 == 0 and len(segs) > 0
+        assert torch.equal(_covered(nb, seq, segs), (nb >= 0).long()), (name, which)
+
+
+def test_plan_cpu_and_plain_passes_have_no_segments():
+    c = torch.unique(torch.randint(-5, 5, (300, 4)).clamp_min(0), dim=0).int()
+    x = torchsp.SparseTensor(torch.zeros(c.shape[0], 1), c)
+    geom = torchsp.kmap.ConvGeometry(3)
+    kmap = torchsp.kmap.get_kernel_map(x, geom)[0]
+    assert pass_plan(kmap, "fwd", [1, 0, 0, 0], geom)[1] == []  # CPU: its own dataflows
+    assert pass_plan(kmap, "dgrad", [0, 0, 0, 0], geom)[1] == []
+
+
+def test_segments_bad_input(device):
+    """The shim names segs / segs_t and what is wrong with them."""
+    c = torch.unique(torch.randint(0, 6, (200, 4)), dim=0).int().to(device)
+    dt = torch.float64 if device == "cpu" else torch.float16
+    x = torchsp.SparseTensor(randn(c.shape[0], 8, dtype=dt, device=device), c)
+    km = torchsp.kmap.get_kernel_map(x, 3)[0]
+    w = randn(27, 8, 8, dtype=dt, device=device)
+    a = [0, 0, 0, 0]
+    seq = torch.arange(c.shape[0], dtype=torch.int32, device=device)
+    n = c.shape[0]
+    with pytest.raises(RuntimeError, match="segs must hold"):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, seq, None, [0, n, 1])
+    with pytest.raises(RuntimeError, match="segs needs the row list order"):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, None, None, [0, n, 1, 1])
+    with pytest.raises(RuntimeError, match="segs segment 0.*outside order"):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, seq, None, [1, n, 1, 0])
+    with pytest.raises(RuntimeError, match="segs segment 0: all_rows"):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, seq, None, [0, n - 1, 1, 1])
+    with pytest.raises(RuntimeError, match="names offsets past V"):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, seq, None, [0, n, 1 << 27, 1])
+    with pytest.raises(RuntimeError, match="segs_t segment 0.*outside order_t"):
+        ops.conv_dgrad(randn(n, 8, dtype=dt, device=device), w, km.nbmap_t, a, seq, [-1, 2, 1, 0])
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", list(DATAFLOWS))
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in (
+    "sub_k3", "sub_k2", "sub_k5", "str_k2_s2", "str_k3_s2", "gen_k3", "tr_k2_s2", "trgen_k3_s2", "sub_k3_d2",
+    "floor_k3_s2")], ids=lambda c: c.name)
+def test_dataflow_vs_dense(case, name, dtype):
+    """Forward, dgrad and wgrad of each dataflow against the dense float64 reference's autograd."""
+    cin, cout = 24, 40
+    x, fine = build(case, cin=cin, device="cuda", dtype=dtype, seed=3)
+    w = randn(case.volume(), cin, cout, seed=4, dtype=dtype, device="cuda", scale=(case.volume() * cin) ** -0.5)
+    feats = x.feats.detach().clone().requires_grad_()
+    wp = w.clone().requires_grad_()
+    a = DATAFLOWS[name]
+    _poison_cache()
+    y = F.sparse_conv3d(x.replace(feats), wp, algo=(a, a, [0, 0, 0, 0]), **case.conv_kwargs())
+    g = randn(*y.feats.shape, seed=5, dtype=dtype, device="cuda")
+    _poison_cache()
+    y.feats.backward(g)
+    rf = x.feats.detach().cpu().double().requires_grad_()
+    rw = w.detach().cpu().double().requires_grad_()
+    want = reference(case, rf, x.coords, rw, y.coords.cpu())
+    want.backward(g.cpu().double())
+    tol = TOL[dtype]
+    assert rel_err(y.feats, want) <= tol, ("fwd", rel_err(y.feats, want))
+    assert rel_err(feats.grad, rf.grad) <= 2 * tol, ("dgrad", rel_err(feats.grad, rf.grad))
+    assert rel_err(wp.grad, rw.grad) <= 2 * tol
+
+
+def _lidar_crop():
+    return crop_voxels(load_lidar(), lo=(-6.0, -6.0, -2.0), hi=(6.0, 6.0, 3.0), voxel=0.1, batch=0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("cin,cout", [(16, 32), (64, 64), (96, 136), (128, 384), (256, 128)])
+def test_dataflow_real_scan(cin, cout):
+    """A real LiDAR crop (submanifold 3x3x3 and stride-2 K=2): fwd and dgrad of every dataflow
+    against the fp64 gather reference on the reference kernel map, and bitwise stable run to run."""
+    c = _lidar_crop().cuda()
+    dtype = torch.float16
+    for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
+        x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c)
+        km, out, _, _ = torchsp.kmap.get_kernel_map(x, geom)
+        ref_map = ref.kernel_map(c.cpu(), out.cpu(), geom.kernel_size, geom.dilation, geom.padding, (1, 1, 1))
+        assert torch.equal(km.nbmap.cpu().long(), ref_map)
+        w = randn(km.nbmap.shape[1], cin, cout, dtype=dtype, device="cuda", seed=2, scale=0.1)
+        dy = randn(out.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+        want_y = ref.gather_conv(x.feats.cpu(), ref_map, w.cpu())
+        want_dx = ref.gather_conv(dy.cpu(), ref.transpose_map(ref_map, c.shape[0]), w.cpu().transpose(1, 2))
+        for name, a in DATAFLOWS.items():
+            order, segs = pass_plan(km, "fwd", a, geom)
+            order_t, segs_t = pass_plan(km, "dgrad", a, geom)
+            _poison_cache()
+            y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+            _poison_cache()
+            dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
+            assert rel_err(y, want_y) <= TOL[dtype], (name, geom.kernel_size, rel_err(y, want_y))
+            assert rel_err(dx, want_dx) <= TOL[dtype], (name, geom.kernel_size, rel_err(dx, want_dx))
+            y2 = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+            assert torch.equal(y, y2), (name, "not deterministic")
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", list(DATAFLOWS))
+@pytest.mark.parametrize("shape", ["dense_cube", "one_row", "odd_c3", "odd_c5", "c96", "c384"])
+def test_dataflow_worst_cases(name, shape):
+    """All 27 offsets present in most rows, one row, odd and wide channel counts."""
+    if shape == "dense_cube":
+        r = torch.arange(-4, 5)
+        g = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
+        c = torch.cat([torch.zeros(g.shape[0], 1, dtype=torch.long), g], 1).int()
+    elif shape == "one_row":
+        c = torch.tensor([[0, 3, -2, 7]], dtype=torch.int32)
+    else:
+        c = torch.unique(torch.cat([torch.zeros(700, 1, dtype=torch.long), torch.randint(-7, 7, (700, 3))], 1),
+                         dim=0).int()
+    cin, cout = {"odd_c3": (3, 5), "odd_c5": (5, 3), "c96": (96, 96), "c384": (384, 384)}.get(shape, (32, 48))
+    dtype = torch.bfloat16
+    x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c.cuda())
+    w = randn(27, cin, cout, dtype=dtype, device="cuda", seed=2, scale=(27 * cin) ** -0.5)
+    a = DATAFLOWS[name]
+    _poison_cache()
+    y = F.sparse_conv3d(x, w, 3, algo=(a, a, [0, 0, 0, 0]))
+    km = torchsp.kmap.get_kernel_map(x, 3)[0]
+    want = ref.gather_conv(x.feats.cpu(), km.nbmap.cpu().long(), w.cpu())
+    assert torch.isfinite(y.feats).all()
+    assert rel_err(y.feats, want) <= TOL[dtype]
+    dy = randn(*y.feats.shape, dtype=dtype, device="cuda", seed=3)
+    order_t, segs_t = pass_plan(km, "dgrad", a, torchsp.kmap.ConvGeometry(3))
+    _poison_cache()
+    dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
+    want_dx = ref.gather_conv(dy.cpu(), km.nbmap_t.cpu().long(), w.cpu().transpose(1, 2))
+    assert rel_err(dx, want_dx) <= TOL[dtype]
+
+
+@needs_cuda
+def test_dataflow_nan_propagates():
+    """A NaN input feature reaches exactly the outputs that read it, in every dataflow."""
+    c = _lidar_crop()[:3000].cuda()
+    x = randn(c.shape[0], 32, dtype=torch.float16, device="cuda", seed=1)
+    x[17, 5] = float("nan")
+    st = torchsp.SparseTensor(x, c)
+    w = randn(27, 32, 32, dtype=torch.float16, device="cuda", seed=2, scale=0.05)
+    km = torchsp.kmap.get_kernel_map(st, 3)[0]
+    readers = (km.nbmap == 17).any(1).cpu()
+    for name, a in DATAFLOWS.items():
+        y = F.sparse_conv3d(st, w, 3, algo=(a, a, [0, 0, 0, 0])).feats.cpu()
+        assert torch.equal(torch.isnan(y).any(1), readers), name

@@ -1,0 +1,123 @@
+"""Segmented plans: how the CUDA output-stationary kernels serve every dataflow.
+
+A CUDA forward or dgrad pass runs one tensor-core kernel over *segments*
+(csrc/torchsp.h, tsp_segment): each segment walks a list of map rows and sums
+only over a subset of the offsets; segments run in order and add up in fp32,
+with no atomics (a row appears at most once per segment), so every plan is
+deterministic.  This module turns a pass's algorithm choice into a plan:
+
+    [0, tile, S, t]  S <= 1: one plain pass, rows in mask order (t = -1: map order);
+                     S >= 2: TorchSparse++ mask splits: the offsets cut into S
+                     runs of consecutive k, each run one segment over all rows
+                     sorted by the masks of its own offsets (fewer distinct masks
+                     per run, so a tile skips more);
+    [1, tile, _, _]  weight-stationary (fetch-on-demand): one segment per offset
+                     k over its pair list (kernel_map_pairs); every tile row uses
+                     offset k, so no mma is wasted, and W_k stays in the tile;
+    [2, tile, _, t]  Spira's hybrid: offsets with L1 norm >= t weight-stationary
+                     (their pair lists), the rest one output-stationary segment
+                     over all rows sorted by the masks of those offsets.
+
+Plans are built once per KernelMap and pass (cached on it).  Building the pair
+lists reads their sizes back to the host (one synchronisation per map), so
+while torch.compile or a tracer runs, a segmented choice runs as the plain
+pass (same results, another speed).
+The CPU kernels take no plans (they have their own dataflows).
+
+    torchsp.functional.sparse_conv3d -> plan.pass_plan -> torch.ops.torchsp.conv_fwd(..., segs, segs_t)
+"""
+
+import torch
+
+from .geometry import offset_l1
+from .kmap import map_pairs, mask_order
+
+# Segments name their offsets in one int64 bit mask; mask_order takes 63.
+MAX_VOLUME = 63
+
+
+def _bits(ks):
+    m = 0
+    for k in ks:
+        m |= 1 << k
+    return m - (1 << 64) if m >= 1 << 63 else m  # an int64 value for the int[] argument
+
+
+def _busy():
+    if torch.jit.is_tracing() or torch.jit.is_scripting():
+        return True
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
+def segmented(algo):
+    """True when `algo` ([dataflow, tile, split, threshold]) needs a segmented plan."""
+    return algo[0] in (1, 2) or (algo[0] == 0 and algo[2] >= 2)
+
+
+def _pairs(kmap, which):
+    """(pairs int32 [P] on the map's device, starts list of V + 1 ints) of nbmap or nbmap_t."""
+    hit = kmap.plans.get(("pairs", which))
+    if hit is None:
+        nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
+        pairs, starts = map_pairs(nb)
+        hit = kmap.plans[("pairs", which)] = (pairs, [int(v) for v in starts.tolist()])
+    return hit
+
+
+def _build(kmap, which, algo, kernel_size, dilation, padding):
+    nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
+    rows, v = int(nb.shape[0]), int(nb.shape[1])
+    dataflow, split, t = algo[0], algo[2], algo[3]
+    if dataflow == 0:  # mask splits: runs of consecutive offsets
+        s = min(split, v)
+        runs = [list(range(i * v // s, (i + 1) * v // s)) for i in range(s)]
+        orders = [mask_order(nb, _bits(r)) for r in runs]
+        segs = []
+        for i, r in enumerate(runs):
+            segs += [i * rows, rows, _bits(r), 1]
+        return torch.cat(orders), segs
+    l1 = offset_l1(kernel_size, dilation, padding)
+    ws = list(range(v)) if dataflow == 1 else [k for k in range(v) if l1[k] >= t]
+    os_ = [k for k in range(v) if k not in set(ws)]
+    pairs, starts = _pairs(kmap, which)
+    segs, full = [], []
+    for k in ws:
+        count = starts[k + 1] - starts[k]
+        if count == 0:
+            continue
+        seg = [starts[k], count, _bits([k]), int(count == rows)]
+        # A segment over all rows (the centre of a submanifold map) goes last, where it
+        # can round the sums into the output (no separate pass).
+        (full if count == rows and not os_ else segs).extend(seg)
+    seq = pairs
+    if os_:
+        seq = torch.cat([pairs, mask_order(nb, _bits(os_))])
+        full = [int(pairs.shape[0]), rows, _bits(os_), 1]
+    return seq, segs + full
+
+
+def pass_plan(kmap, which, algo, geom, dtype=None):
+    """(row list, segments) for the CUDA pass `which` ("fwd" or "dgrad") of `algo`.
+
+    Args:
+        kmap: torchsp.kmap.KernelMap on a CUDA device.
+        algo: [dataflow, tile, split, threshold].
+        geom: torchsp.kmap.ConvGeometry (kernel_size, dilation, padding for the L1 norms).
+        dtype: the features' dtype, or None; float32 and float64 run the plain pass (the
+            segments steer tensor-core tiles only).
+    Returns:
+        (int32 tensor or None, list of ints): the `order` / `order_t` and `segs` / `segs_t`
+        arguments of torch.ops.torchsp.conv_fwd; segs is [] for a plain pass, whose row list is
+        the map's mask order (None when algo's threshold is -1: map order).
+    """
+    order = kmap.order if which == "fwd" else kmap.order_t
+    nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
+    if (not segmented(algo) or not nb.is_cuda or nb.shape[1] > MAX_VOLUME or nb.shape[0] == 0
+            or dtype not in (None, torch.float16, torch.bfloat16) or _busy()):
+        return order, []
+    key = (which, algo[0], algo[2] if algo[0] == 0 else 0, algo[3] if algo[0] == 2 else 0)
+    hit = kmap.plans.get(key)
+    if hit is None:
+        hit = kmap.plans[key] = _build(kmap, which, algo, geom.kernel_size, geom.dilation, geom.padding)
+    return hit
