@@ -75,11 +75,11 @@ def test_candidate_rejected_when_output_differs(cache_dir, monkeypatch):
     # A candidate that computes something else must never be chosen, however fast.
     real = tune._tune_pass
 
-    def poisoned(pass_name, run, device, dtype, algos):
+    def poisoned(pass_name, run, device, dtype, algos, setup_cost=None):
         def bad_run(a):
             out = run(a)
             return out * 2 if a[0] == 1 else out
-        return real(pass_name, bad_run, device, dtype, algos)
+        return real(pass_name, bad_run, device, dtype, algos, setup_cost)
 
     monkeypatch.setattr(tune, "_tune_pass", poisoned)
     tuned = tune.tune(torchsp.nn.SparseConv3d(8, 8, 3).double(), (_input(),), verbose=False)
@@ -88,11 +88,17 @@ def test_candidate_rejected_when_output_differs(cache_dir, monkeypatch):
 
 
 def test_deterministic_mode_filters_candidates():
-    torch.use_deterministic_algorithms(True)
+    """Every CUDA dataflow is atomic-free (segmented plans add in order), so all stay eligible
+    under deterministic algorithms; a dataflow a backend declares nondeterministic is dropped."""
+    every = tune.candidates("cuda", "fwd", (3, 3, 3))
+    assert {a[0] for a in every} == {0, 1, 2}
+    assert tune.candidates("cuda", "fwd", (3, 3, 3), deterministic=True) == every
+    tune._NONDETERMINISTIC["cuda"].add(1)
     try:
-        assert all(a[0] != 1 for a in tune.candidates("cuda", "fwd", (3, 3, 3), deterministic=True))
+        kept = tune.candidates("cuda", "fwd", (3, 3, 3), deterministic=True)
+        assert kept and all(a[0] != 1 for a in kept)
     finally:
-        torch.use_deterministic_algorithms(False)
+        tune._NONDETERMINISTIC["cuda"].discard(1)
 
 
 def test_cached_choice_needs_no_map_statistics(cache_dir):
@@ -108,3 +114,29 @@ def test_cached_choice_needs_no_map_statistics(cache_dir):
     assert algo is not None and getattr(kmap, "stats", None) is None
     key = tune.signature(fresh.feats, kmap, torchsp.kmap.ConvGeometry(3), net[0].weight)
     assert algo == [tune._choices()[key][p] for p in tune.PASSES]
+
+
+def test_neighbour_buckets_that_agree_need_no_statistics(cache_dir):
+    """Two cached entries for one shape and rows bucket (different neighbour buckets): when they
+    chose alike the choice is used without the statistic; when they differ it is computed."""
+    net, x = _net(), _input()
+    tune.tune(net, (x,), verbose=False)
+    tune.set_mode("cache")
+    geom = torchsp.kmap.ConvGeometry(3)
+    fresh = torchsp.SparseTensor(x.feats.clone(), x.coords.clone())
+    kmap, *_ = torchsp.kmap.get_kernel_map(fresh, 3)
+    key = tune.signature(fresh.feats, kmap, geom, net[0].weight)
+    kmap.stats = None
+    other = key.rsplit("|", 1)[0] + "|n99"
+    tune._choices()[other] = dict(tune._choices()[key])
+    tune._memo.clear()  # written behind the tuner's back
+    algo = tune.choose_algo(fresh, kmap, geom, net[0].weight)
+    assert algo == [tune._choices()[key][p] for p in tune.PASSES] and kmap.stats is None
+    tune._choices()[other] = dict(tune._choices()[key], fwd=[0, 1, 0, 0] if tune._choices()[key]["fwd"] != [0, 1, 0, 0]
+                                  else [0, 0, 0, 0])
+    tune._memo.clear()
+    fresh2 = torchsp.SparseTensor(x.feats.clone(), x.coords.clone())
+    kmap2, *_ = torchsp.kmap.get_kernel_map(fresh2, 3)
+    algo2 = tune.choose_algo(fresh2, kmap2, geom, net[0].weight)
+    assert getattr(kmap2, "stats", None) is not None
+    assert algo2 == [tune._choices()[key][p] for p in tune.PASSES]

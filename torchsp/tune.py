@@ -40,21 +40,23 @@ import time
 import torch
 
 from .geometry import offset_l1
+from .plan import pass_plan, segmented
 
 DEFAULT = [0, 0, 0, 0]
 PASSES = ("fwd", "dgrad", "wgrad")
 
 # Candidate algorithms per device type and pass: [dataflow, tile, split, threshold].
-# The first is the reference each candidate is checked against.  CUDA has one
-# dataflow today, output-stationary, walked in mask-sorted row order (threshold 0)
-# or in map order (threshold -1), with tile shape 0, 1 (64-row tiles) or 2 (128 x 256
-# tiles when Cout > 128), plus tile 9 (wgmma, 256-row tiles) on sm_90a builds; all
-# atomic-free and deterministic.
+# The first is the reference each candidate is checked against.  CUDA forward and
+# dgrad (torchsp/plan.py): output-stationary in mask-sorted row order (threshold 0) or
+# map order (-1) with tile shape 0, 1 (64-row tiles) or 2 (128 x 256 tiles when
+# Cout > 128), plus tile 9 (wgmma, 256-row tiles) on sm_90a builds; mask splits
+# (split 2); weight-stationary fetch-on-demand (dataflow 1); Spira's hybrid (dataflow 2)
+# at every L1 threshold of the kernel.  All are atomic-free and deterministic.
 _CANDIDATES = {
     "cpu": {"fwd": [[0, 0, 0, 0], [1, 0, 0, 0]], "dgrad": [[0, 0, 0, 0], [1, 0, 0, 0]],
             "wgrad": [[0, 0, 0, 0]]},
-    "cuda": {"fwd": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0]],
-             "dgrad": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0]],
+    "cuda": {"fwd": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]],
+             "dgrad": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]],
              "wgrad": [[0, 0, 0, 0]]},
 }
 _NONDETERMINISTIC = {"cpu": set(), "cuda": set()}
@@ -72,7 +74,7 @@ def candidates(device_type, pass_name, kernel_size=None, deterministic=False):
     """Algorithms eligible for a pass on a device type (hybrid thresholds expanded per kernel)."""
     out = [list(a) for a in _CANDIDATES.get(device_type, _CANDIDATES["cpu"])[pass_name]]
     if device_type == "cuda" and pass_name != "wgrad" and _wgmma_available():
-        out.append([0, 9, 0, 0])  # wgmma, 256-row tiles (conv_wgmma.cu)
+        out += [[0, 9, 0, 0], [1, 9, 0, 0]]  # wgmma, 256-row tiles (conv_wgmma.cu)
     if device_type == "cuda" and kernel_size is not None and pass_name != "wgrad" and 2 in _hybrid_passes():
         l1 = sorted(set(offset_l1(kernel_size, (1, 1, 1), tuple((k - 1) // 2 for k in kernel_size))))
         out += [[2, 0, 0, t] for t in l1[1:]]
@@ -82,7 +84,7 @@ def candidates(device_type, pass_name, kernel_size=None, deterministic=False):
 
 
 def _hybrid_passes():
-    return set(int(v) for v in os.environ.get("TORCHSP_TUNE_DATAFLOWS", "0,1").split(","))
+    return set(int(v) for v in os.environ.get("TORCHSP_TUNE_DATAFLOWS", "0,1,2").split(","))
 
 
 def register_candidates(device_type, pass_name, algos, nondeterministic=()):
@@ -93,7 +95,8 @@ def register_candidates(device_type, pass_name, algos, nondeterministic=()):
 
 # ------------------------------------------------------------------ state ---
 
-_state = {"mode": None, "choices": None, "verbose": True, "saved": []}
+_state = {"mode": None, "choices": None, "verbose": True, "saved": [], "fixed": None}
+_memo = {}  # choose_algo's (shape, rows bucket, mode) -> choice; cleared whenever a choice is written
 
 
 def _version():
@@ -113,6 +116,21 @@ def set_mode(mode):
     _state["mode"] = mode
 
 
+def set_fixed(algo):
+    """Run every layer with one algorithm instead of tuning (benchmarks, debugging).
+
+    Args:
+        algo: [dataflow, tile, split, threshold] for forward and dgrad (wgrad keeps its
+            default), or (fwd, dgrad, wgrad) of those; None goes back to the tuner.
+    """
+    if algo is None:
+        _state["fixed"] = None
+    elif len(algo) == 4 and all(isinstance(v, int) for v in algo):
+        _state["fixed"] = (list(algo), list(algo), list(DEFAULT))
+    else:
+        _state["fixed"] = tuple(list(a) for a in algo)
+
+
 def get_mode(device_type):
     mode = _state["mode"] or os.environ.get("TORCHSP_TUNE")
     if mode:
@@ -123,6 +141,7 @@ def get_mode(device_type):
 def _choices():
     if _state["choices"] is None:
         _state["choices"] = _load()
+        _memo.clear()
     return _state["choices"]
 
 
@@ -162,6 +181,7 @@ def save():
 def clear(memory_only=False):
     """Forget cached choices (in memory; and on disk unless memory_only)."""
     _state["choices"] = {}
+    _memo.clear()
     if not memory_only:
         with contextlib.suppress(OSError):
             os.remove(cache_path())
@@ -224,15 +244,19 @@ def signature(feats, kmap, geom, weight):
 
 
 def _unique_rows_hit(feats, kmap, geom, weight):
-    """The cached choice when exactly one entry matches this layer's shape and rows bucket.
+    """The cached choice when the entries matching this layer's shape and rows bucket agree.
 
     Why: the mean-neighbours part of the key costs a host sync per new KernelMap, and a model
     that rebuilds its maps for every batch would pay it in every layer group of every forward.
-    Only when several neighbour buckets are cached for the same rows bucket is it computed.
+    Only when neighbour buckets of the same rows bucket chose differently is it computed.
     """
     prefix = f"{static_signature(feats, geom, weight)}|r{_bucket_rows(int(kmap.nbmap.shape[0]))}|"
     hits = [v for k, v in _choices().items() if k.startswith(prefix)]
-    return hits[0] if len(hits) == 1 else None
+    if not hits:
+        return None
+    # Several neighbour buckets that chose alike need no statistic either.
+    same = all(all(h[p] == hits[0][p] for p in PASSES) for h in hits[1:])
+    return hits[0] if same else None
 
 
 def _busy():
@@ -278,18 +302,23 @@ def _close(a, b, dtype):
     return float((a.double() - b.double()).norm() / denom) <= tol
 
 
-def _tune_pass(pass_name, run, device, dtype, algos):
-    """(best algo, its seconds, the default's seconds) among eligible algos."""
+def _tune_pass(pass_name, run, device, dtype, algos, setup_cost=None):
+    """(best algo, its seconds, the default's seconds) among eligible algos.
+
+    setup_cost(a): seconds a candidate spends once per kernel map before its first run (a
+    segmented plan), charged to every run: models that rebuild maps per batch pay it each time.
+    """
     ref = run(algos[0])
     best, best_t, default_t = algos[0], None, None
     for a in algos:
         try:
+            extra = setup_cost(a) if setup_cost is not None else 0.0
             out = run(a)
         except RuntimeError:
             continue  # not supported for this shape: not eligible
         if a is not algos[0] and not _close(out, ref, dtype):
             continue
-        t = _time_call(lambda: run(a), device)
+        t = _time_call(lambda: run(a), device) + extra
         if a is algos[0]:
             default_t = t
         if best_t is None or t < best_t:
@@ -304,20 +333,45 @@ def _measure(feats, kmap, geom, weight):
     g = torch.randn(kmap.nbmap.shape[0], w.shape[2], device=device, dtype=dtype)
     det = _deterministic()
     ops = torch.ops.torchsp
-    runs = {
-        "fwd": lambda a: ops.conv_fwd(x, w, kmap.nbmap, kmap.nbmap_t, a, DEFAULT, DEFAULT,
-                                      kmap.order, kmap.order_t),
-        "dgrad": lambda a: ops.conv_dgrad(g, w, kmap.nbmap_t, a, kmap.order_t),
-        "wgrad": lambda a: ops.conv_wgrad(x, g, kmap.nbmap, a),
-    }
+    def fwd(a):
+        order, segs = pass_plan(kmap, "fwd", a, geom, dtype)
+        return ops.conv_fwd(x, w, kmap.nbmap, kmap.nbmap_t, a, DEFAULT, DEFAULT, order, kmap.order_t, segs)
+
+    def dgrad(a):
+        order_t, segs_t = pass_plan(kmap, "dgrad", a, geom, dtype)
+        return ops.conv_dgrad(g, w, kmap.nbmap_t, a, order_t, segs_t)
+
+    runs = {"fwd": fwd, "dgrad": dgrad, "wgrad": lambda a: ops.conv_wgrad(x, g, kmap.nbmap, a)}
+
+    def plan_seconds(which):
+        def cost(a):
+            if not segmented(a):
+                return 0.0
+            saved = dict(kmap.plans)
+            kmap.plans.clear()  # time a cold build (pair lists included), then restore
+            try:  # wall time: the pair-list build synchronises once
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t = time.perf_counter()
+                pass_plan(kmap, which, a, geom, dtype)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                return time.perf_counter() - t
+            finally:
+                kmap.plans.clear()
+                kmap.plans.update(saved)
+        return cost
     choice, saved = {}, 0.0
     with torch.no_grad():
         for p in PASSES:
             algos = candidates(device.type, p, geom.kernel_size, det)
+            if dtype not in (torch.float16, torch.bfloat16):  # segments steer tensor-core tiles only
+                algos = [a for a in algos if not segmented(a)]
             # The produced channels of the pass: tile 2 (128 x 256) is tile 0 below 129.
             n = w.shape[2] if p == "fwd" else w.shape[1]
             algos = [a for a in algos if not (device.type == "cuda" and a[1] == 2 and n <= 128)]
-            best, best_t, default_t = _tune_pass(p, runs[p], device, dtype, algos)
+            best, best_t, default_t = _tune_pass(p, runs[p], device, dtype, algos,
+                                                 plan_seconds(p) if p != "wgrad" else None)
             choice[p] = best
             if best_t is not None and default_t is not None:
                 saved += default_t - best_t
@@ -344,6 +398,8 @@ def choose_algo(input, kmap, geom, weight, force=False):
     Called by torchsp.functional.sparse_conv3d for every layer without a fixed algo.
     """
     feats = input.feats
+    if _state["fixed"] is not None:
+        return [list(a) for a in _state["fixed"]]
     if _busy():
         # Compiling or tracing: no measuring and no data-dependent statistics; the choice
         # last tuned for this layer shape is read, as a constant.
@@ -353,9 +409,17 @@ def choose_algo(input, kmap, geom, weight, force=False):
     mode = "auto" if force else get_mode(feats.device.type)
     if mode == "off" or (mode == "cache" and not _choices()):
         return None
-    hit = _unique_rows_hit(feats, kmap, geom, weight)
+    # Memo of the shape + rows-bucket lookup: building the string key costs ~25 us of
+    # Python per layer call, 1-2 ms per forward of a 50-layer net (H100, 2026-11-23).
+    memo_key = (feats.device, feats.dtype, int(weight.shape[1]), int(weight.shape[2]), geom.kernel_size,
+                geom.stride, geom.transposed, _bucket_rows(int(kmap.nbmap.shape[0])), mode)
+    hit = _memo.get(memo_key)
+    if hit is None:
+        hit = _unique_rows_hit(feats, kmap, geom, weight)
+        if hit is not None:
+            hit = _memo[memo_key] = [hit["fwd"], hit["dgrad"], hit["wgrad"]]
     if hit is not None:
-        return [hit["fwd"], hit["dgrad"], hit["wgrad"]]
+        return hit
     key = signature(feats, kmap, geom, weight)
     hit = _choices().get(key)
     if hit is not None:
@@ -370,6 +434,7 @@ def choose_algo(input, kmap, geom, weight, force=False):
     entry = dict(choice, saved_us=round(saved * 1e6, 2), tuned_s=round(time.perf_counter() - t0, 3))
     _choices()[key] = entry
     _choices()[static_signature(feats, geom, weight)] = dict(choice)
+    _memo.clear()
     _state["saved"].append((key, entry))
     if _is_rank0():
         with contextlib.suppress(OSError):
