@@ -8,6 +8,7 @@ Layers (voxels of /work/shared/data/lidar_198k.npz, batch 1):
 Phases (map cached: built once before timing, as a model reuses it), CUDA events around the
 Python call a user makes, median of --iters after --warmup:
   fwd      torchsp.functional.sparse_conv3d(x, w, K, stride=..., transposed=..., algo=...) under no_grad
+  fwd op   torch.ops.torchsp.conv_fwd(...) alone (the forward's GPU time where Python is the bound)
   dgrad    torch.ops.torchsp.conv_dgrad(dy, w, nbmap_t, algo)
   wgrad    torch.ops.torchsp.conv_wgrad(x, dy, nbmap, algo)
   fwd+bwd  y = sparse_conv3d(...); y.feats.backward(dy)   (feats and weight require grad)
@@ -15,8 +16,9 @@ Floor of a phase: max(F / PEAK, B / 3.0 TB/s), F = 2 * pairs * Cin * Cout (x3 fo
 B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * N_out * V (x3 for fwd+bwd), e = element size,
 pairs = nbmap entries >= 0, PEAK = 790 TFLOP/s (fp16/bf16) or 438 (fp32, tf32).
 torchsp is reported per dataflow in --algos ("0" output-stationary mask-sorted, "0u" unsorted,
-"1" weight-stationary (served as 0 on CUDA today),
-"2:T" hybrid with L1 threshold T (default 2), "auto" the tuner's choice).
+"1" weight-stationary fetch-on-demand, "2:T" hybrid with L1 threshold T (default 2),
+"a,b,c,d" any [dataflow, tile, split, threshold] (e.g. 0,0,2,0 mask splits, 0,9,0,0 wgmma),
+"auto" the tuner's choice; torchsp/plan.py explains the dataflows).
 Peers (tools/peers.py: spconv, flexgemm, torchsparse, warpconvnet) are built on the same voxels
 with the same weights, their output is compared with torchsp's (relative error printed), then
 fwd and fwd+bwd are timed the same way.
@@ -188,6 +190,8 @@ def main():
             args.iters = 50
     import torchsp
     import peers as peerlib
+    from torchsp.kmap import ConvGeometry
+    from torchsp.plan import pass_plan
 
     peer_names = list(peerlib.PEERS) if args.peers == ["all"] else ([] if args.peers == ["none"] else args.peers)
     probe = peerlib.probe() if peer_names else {}
@@ -209,7 +213,7 @@ def main():
     def emit(rec):
         rows.append(rec)
         f = lambda k: f"{rec[k]:9.1f}" if rec.get(k) is not None else f"{'-':>9s}"  # noqa: E731
-        print(f"{rec['layer']:11s} {rec['impl']:18s} {f('fwd_us')} {f('dgrad_us')} {f('wgrad_us')} "
+        print(f"{rec['layer']:11s} {rec['impl']:18s} {f('fwd_us')} {f('fwd_op_us')} {f('dgrad_us')} {f('wgrad_us')} "
               f"{f('fwdbwd_us')}  {rec.get('err', ''):>9s} {rec.get('note', '')}", flush=True)
 
     for name, kind, K, cin, cout, vs in layers:
@@ -218,11 +222,11 @@ def main():
               "wgrad": floor_us(sz["F"], sz["B"]), "fwdbwd": floor_us(sz["F"], sz["B"], 3)}
         print(f"\n## {name}: {kind} K={K} {cin}->{cout} at {vs * args.voxel_scale:g} m, N_in {sz['n_in']}, "
               f"N_out {sz['n_out']}, pairs {sz['pairs']} ({sz['pairs'] / max(sz['n_out'], 1):.1f}/row)")
-        print(f"{'layer':11s} {'impl':18s} {'fwd us':>9s} {'dgrad us':>9s} {'wgrad us':>9s} {'fwd+bwd':>9s}  "
-              f"{'rel err':>9s}")
+        print(f"{'layer':11s} {'impl':18s} {'fwd us':>9s} {'fwd op':>9s} {'dgrad us':>9s} {'wgrad us':>9s} "
+              f"{'fwd+bwd':>9s}  {'rel err':>9s}")
         base = dict(layer=name, kind=kind, K=K, Cin=cin, Cout=cout, voxel=vs * args.voxel_scale, **sz)
-        emit(dict(base, impl="floor", fwd_us=fl["fwd"], dgrad_us=fl["dgrad"], wgrad_us=fl["wgrad"],
-                  fwdbwd_us=fl["fwdbwd"]))
+        emit(dict(base, impl="floor", fwd_us=fl["fwd"], fwd_op_us=fl["fwd"], dgrad_us=fl["dgrad"],
+                  wgrad_us=fl["wgrad"], fwdbwd_us=fl["fwdbwd"]))
         g = torch.Generator(device="cpu").manual_seed(1)
         dy = torch.randn(sz["n_out"], cout, generator=g).to(device, dtype)
         y_ref = None
@@ -239,7 +243,15 @@ def main():
                         rec["err"] = f"{rel_err(y, y_ref):.1e}"
                     rec["fwd_us"] = timeit(lambda: conv(x.feats, w), args.iters, args.warmup, device)
                     a = algo if algo is not None else [0, 0, 0, 0]
-                    rec["dgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, a, km.order_t),
+                    order, segs = pass_plan(km, "fwd", a, ConvGeometry(K, **kw), dtype)
+                    order_t, segs_t = pass_plan(km, "dgrad", a, ConvGeometry(K, **kw), dtype)
+                    # the op alone (no Python layer): where the Python call is CPU-bound, this
+                    # is the GPU time of the forward
+                    rec["fwd_op_us"] = timeit(lambda: torch.ops.torchsp.conv_fwd(
+                        x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t),
+                        args.iters, args.warmup, device)
+                    rec["dgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, a, order_t,
+                                                                                  segs_t),
                                              args.iters, args.warmup, device)
                     rec["wgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, a),
                                              args.iters, args.warmup, device)
