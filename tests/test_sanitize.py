@@ -60,11 +60,10 @@ def test_backward_passes():
         assert (a - b).norm() / a.norm() < 5e-3
 
 
-@pytest.mark.parametrize("tile", [0, 2, 7, 9])
-def test_tensor_core_tiles(tile):
-    """Every tensor-core tile family (mma.sync 0/2, wgmma 7/9 on sm_90a builds, else mma.sync)
-    under the sanitizers: mask-sorted rows, a partial last tile, Cout > 128, fwd and dgrad."""
-    coords = _coords(900, seed=11)
+def _fp16_case(seed):
+    """A random 3x3x3 submanifold case, 40 -> 144 channels: the fp16 CUDA input, weight and
+    output gradient, and the CPU float64 forward and dgrad they must match."""
+    coords = _coords(900, seed=seed)
     feats = torch.randn(coords.shape[0], 40, dtype=torch.float64)
     w = torch.randn(27, 40, 144, dtype=torch.float64) / 20
     x_cpu = torchsp.SparseTensor(feats, coords)
@@ -72,15 +71,25 @@ def test_tensor_core_tiles(tile):
     g = torch.linspace(-1, 1, ref.feats.numel(), dtype=torch.float64).reshape(ref.feats.shape)
     ref_dx = torch.ops.torchsp.conv_dgrad(g, w, torchsp.kmap.get_kernel_map(x_cpu, 3)[0].nbmap_t, [0, 0, 0, 0], None)
     x = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
+    return x, w.to("cuda", torch.float16), g.to("cuda", torch.float16), ref.feats, ref_dx
+
+
+def _assert_close(y, dx, ref_y, ref_dx):
+    torch.cuda.synchronize()
+    assert (y.double().cpu() - ref_y).norm() / ref_y.norm() < 1e-2
+    assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
+
+
+@pytest.mark.parametrize("tile", [0, 2, 7, 9])
+def test_tensor_core_tiles(tile):
+    """Every tensor-core tile family (mma.sync 0/2, wgmma 7/9 on sm_90a builds, else mma.sync)
+    under the sanitizers: mask-sorted rows, a partial last tile, Cout > 128, fwd and dgrad."""
+    x, w16, g16, ref_y, ref_dx = _fp16_case(seed=11)
     km = torchsp.kmap.get_kernel_map(x, 3)[0]
     a = [0, tile, 0, 0]
-    y = torch.ops.torchsp.conv_fwd(x.feats, w.to("cuda", torch.float16), km.nbmap, km.nbmap_t, a, a, a,
-                                   km.order, km.order_t)
-    dx = torch.ops.torchsp.conv_dgrad(g.to("cuda", torch.float16), w.to("cuda", torch.float16), km.nbmap_t, a,
-                                      km.order_t)
-    torch.cuda.synchronize()
-    assert (y.double().cpu() - ref.feats).norm() / ref.feats.norm() < 1e-2
-    assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
+    y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
+    dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, km.order_t)
+    _assert_close(y, dx, ref_y, ref_dx)
 
 
 @pytest.mark.parametrize("algo", [[0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 2], [1, 9, 0, 0], [2, 9, 0, 1]],
@@ -88,26 +97,16 @@ def test_tensor_core_tiles(tile):
 def test_segmented_dataflows(algo):
     """Segmented plans (torchsp/plan.py: mask splits, weight-stationary, hybrid) under the
     sanitizers: fp32 partial sums in the workspace, pair-list rows, fwd and dgrad."""
-    coords = _coords(900, seed=12)
-    feats = torch.randn(coords.shape[0], 40, dtype=torch.float64)
-    w = torch.randn(27, 40, 144, dtype=torch.float64) / 20
-    x_cpu = torchsp.SparseTensor(feats, coords)
-    ref = torchsp.functional.sparse_conv3d(x_cpu, w, 3, algo=[0, 0, 0, 0])
-    g = torch.linspace(-1, 1, ref.feats.numel(), dtype=torch.float64).reshape(ref.feats.shape)
-    ref_dx = torch.ops.torchsp.conv_dgrad(g, w, torchsp.kmap.get_kernel_map(x_cpu, 3)[0].nbmap_t, [0, 0, 0, 0], None)
-    x = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
+    x, w16, g16, ref_y, ref_dx = _fp16_case(seed=12)
     geom = torchsp.kmap.ConvGeometry(3)
     km = torchsp.kmap.get_kernel_map(x, geom)[0]
     order, segs = torchsp.plan.pass_plan(km, "fwd", algo, geom)
     order_t, segs_t = torchsp.plan.pass_plan(km, "dgrad", algo, geom)
     assert segs and segs_t
-    w16 = w.to("cuda", torch.float16)
     y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, algo, algo, algo, order, order_t, segs,
                                    segs_t)
-    dx = torch.ops.torchsp.conv_dgrad(g.to("cuda", torch.float16), w16, km.nbmap_t, algo, order_t, segs_t)
-    torch.cuda.synchronize()
-    assert (y.double().cpu() - ref.feats).norm() / ref.feats.norm() < 1e-2
-    assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
+    dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, algo, order_t, segs_t)
+    _assert_close(y, dx, ref_y, ref_dx)
 
 
 @pytest.mark.parametrize("kernel,stride", [(3, 1), (5, 1), (2, 2)])

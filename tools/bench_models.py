@@ -15,7 +15,6 @@ with the tuned choices, and with every layer forced to one dataflow
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import torchsp  # noqa: E402
+from infer import timed  # noqa: E402  (examples/infer.py: median wall ms, CUDA synchronised)
 from torchsp.models import MinkUNet, SparseResNet21D  # noqa: E402
 
 # Fixed single dataflows: [dataflow, tile, split, threshold] for forward and dgrad.
@@ -40,19 +40,6 @@ FIXED = {
     "hybrid-t1": [2, 0, 0, 1],
     "hybrid-t2": [2, 0, 0, 2],
 }
-
-
-def timed(fn, device, repeats):
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(1000 * (time.perf_counter() - t))
-    return statistics.median(times)
 
 
 def main(argv=None):
