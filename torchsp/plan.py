@@ -43,7 +43,8 @@ def _bits(ks):
     return m - (1 << 64) if m >= 1 << 63 else m  # an int64 value for the int[] argument
 
 
-def _busy():
+def busy():
+    """True while torch.compile, torch.jit.trace or TorchScript is tracing (no data reads)."""
     if torch.jit.is_tracing() or torch.jit.is_scripting():
         return True
     compiler = getattr(torch, "compiler", None)
@@ -79,7 +80,7 @@ def _build(kmap, which, algo, kernel_size, dilation, padding):
         return torch.cat(orders), segs
     l1 = offset_l1(kernel_size, dilation, padding)
     ws = list(range(v)) if dataflow == 1 else [k for k in range(v) if l1[k] >= t]
-    os_ = [k for k in range(v) if k not in set(ws)]
+    os_ = [] if dataflow == 1 else [k for k in range(v) if l1[k] < t]
     pairs, starts = _pairs(kmap, which)
     segs, full = [], []
     for k in ws:
@@ -114,7 +115,7 @@ def pass_plan(kmap, which, algo, geom, dtype=None):
     order = kmap.order if which == "fwd" else kmap.order_t
     nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
     if (not segmented(algo) or not nb.is_cuda or nb.shape[1] > MAX_VOLUME or nb.shape[0] == 0
-            or dtype not in (None, torch.float16, torch.bfloat16) or _busy()):
+            or dtype not in (None, torch.float16, torch.bfloat16) or busy()):
         return order, []
     key = (which, algo[0], algo[2] if algo[0] == 0 else 0, algo[3] if algo[0] == 2 else 0)
     hit = kmap.plans.get(key)

@@ -40,6 +40,7 @@ import time
 import torch
 
 from .geometry import offset_l1
+from .plan import busy as _busy
 from .plan import pass_plan, segmented
 
 DEFAULT = [0, 0, 0, 0]
@@ -257,15 +258,6 @@ def _unique_rows_hit(feats, kmap, geom, weight):
     # Several neighbour buckets that chose alike need no statistic either.
     same = all(all(h[p] == hits[0][p] for p in PASSES) for h in hits[1:])
     return hits[0] if same else None
-
-
-def _busy():
-    if torch.jit.is_tracing() or torch.jit.is_scripting():
-        return True
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
-        return True
-    return False
 
 
 def _deterministic():
