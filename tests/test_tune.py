@@ -140,3 +140,75 @@ def test_neighbour_buckets_that_agree_need_no_statistics(cache_dir):
     algo2 = tune.choose_algo(fresh2, kmap2, geom, net[0].weight)
     assert getattr(kmap2, "stats", None) is not None
     assert algo2 == [tune._choices()[key][p] for p in tune.PASSES]
+
+
+# ------------------------------------------------------------ end-to-end search ---
+
+def _fake_problem():
+    """Three units whose per-layer ranking misleads: alone, algo B looks fastest everywhere, but in
+    the model B costs an extra 5 per unit that uses it (a sync, say), so only unit u2 gains."""
+    A, B, C = [0, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0]
+    cost = {("u0", "fwd"): {str(A): 10, str(B): 9, str(C): 12},
+            ("u1", "fwd"): {str(A): 20, str(B): 18, str(C): 19},
+            ("u2", "fwd"): {str(A): 30, str(B): 20, str(C): 40}}
+    penalty = {str(A): 0, str(B): 5, str(C): 0}
+    calls = []
+
+    def objective(cfg):
+        calls.append(dict(cfg))
+        return float(sum(cost[u][str(a)] + penalty[str(a)] for u, a in cfg.items()))
+
+    ranked = {u: sorted((c - (1 if str(a) == str(B) else 0), a) for a, c in ((A, t[str(A)]), (B, t[str(B)]), (C, t[str(C)])))
+              for u, t in cost.items()}
+    current = {u: list(r[0][1]) for u, r in ranked.items()}  # per-layer winners: B everywhere
+    return objective, current, ranked, calls, (A, B, C)
+
+
+def test_greedy_search_beats_per_layer_and_every_single_dataflow():
+    from torchsp.tune_search import greedy
+    objective, current, ranked, calls, (A, B, C) = _fake_problem()
+    best, best_t, trials = greedy(objective, current, ranked, budget_s=60, spread=10.0, always=[A])
+    # Per-layer B,B,B = 9+18+20+15 = 62; single A = 60; single C = 71; optimum A,C,B = 10+19+25 = 54.
+    assert trials[0][1] == 62.0
+    assert best == {("u0", "fwd"): A, ("u1", "fwd"): C, ("u2", "fwd"): B}
+    assert best_t == 54.0 == objective(best)
+    singles = [t for name, t, _ in trials if name.startswith("single")]
+    assert singles and best_t <= min(singles)
+
+
+def test_greedy_search_respects_budget_and_spread():
+    from torchsp.tune_search import greedy
+    objective, current, ranked, calls, (A, B, C) = _fake_problem()
+    ticks = iter(range(1000))
+    best, best_t, trials = greedy(objective, current, ranked, budget_s=0.5, clock=lambda: next(ticks))
+    assert len(calls) == 1 and best == current  # only the starting point fits in the budget
+    calls.clear()
+    # spread 1.0: only each unit's per-layer winner is promising, so nothing else is tried.
+    greedy(objective, current, ranked, budget_s=60, spread=1.0)
+    assert len(calls) == 1
+
+
+def test_tune_search_on_a_model_restores_state_and_matches_reference(cache_dir):
+    x = _input()
+    net = torchsp.nn.Sequential(torchsp.nn.SparseConv3d(8, 16, 3), torchsp.nn.BatchNorm(16),
+                                torchsp.nn.SparseConv3d(16, 8, 3)).double()
+    net.train()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    tuned = tune.tune(net, (x,), verbose=False, train=True, budget_s=30, repeat=1)
+    assert len(tuned) == 2  # two channel pairs on one map
+    res = tune.last_search()
+    assert res is not None and "fwd" in res and "dgrad" in res
+    assert res["fwd"]["best"] <= res["fwd"]["start"] and res["dgrad"]["best"] <= res["dgrad"]["start"]
+    for e in tuned.values():
+        assert e["fwd"] in tune.candidates("cpu", "fwd") and e["dgrad"] in tune.candidates("cpu", "dgrad")
+        assert [a for a, _ in e["ranked"]["fwd"]], "per-layer ranking kept for later searches"
+    # BatchNorm statistics and gradients are as before, training mode kept.
+    after = net.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert net.training and all(p.grad is None for p in net.parameters())
+    # The searched choices run and still match the float64 reference.
+    tune.set_mode("cache")
+    conv = net[0]
+    y = conv(x)
+    ref, _, _ = reference_conv3d(x.feats, x.coords, (1, 1, 1), conv.weight.detach(), 3)
+    assert torch.allclose(y.feats, ref, atol=1e-9)

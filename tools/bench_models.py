@@ -2,8 +2,9 @@
 """Whole-model benchmark of the autotuner: tuned vs every fixed single dataflow.
 
 MinkUNet and SparseResNet21D (torchsp.models) on the real scan of examples/scan_data.py.
-For each model: torchsp.tune() on one input (its wall time is the tuning time, with
-an empty cache), then the forward (no_grad, eval) and the training step
+For each model: torchsp.tune(train=True) on one input (its wall time is the tuning time,
+with an empty cache: per-layer measurements, then the end-to-end search of
+torchsp/tune_search.py against the forward and the training step), then the forward (no_grad, eval) and the training step
 (forward + backward of a mean-square loss), each the median of --repeats calls on a
 fresh SparseTensor (kernel maps rebuilt every call, as a data loader gives them),
 with the tuned choices, and with every layer forced to one dataflow
@@ -49,6 +50,7 @@ def main(argv=None):
     ap.add_argument("--voxel-size", type=float, default=0.05)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--models", default="minkunet,resnet21d")
+    ap.add_argument("--no-search", action="store_true", help="per-layer tuning only (no end-to-end search)")
     ap.add_argument("--fixed", nargs="*", default=list(FIXED), help=f"subset of {list(FIXED)}")
     args = ap.parse_args(argv)
     from scan_data import load_scan
@@ -85,8 +87,12 @@ def main(argv=None):
                 fwd = timed(forward, args.device, args.repeats)
             model.train()
             step()
+            syncs = torchsp.tune._state["stat_syncs"]
             st = timed(step, args.device, args.repeats)
             model.zero_grad(set_to_none=True)
+            syncs = torchsp.tune._state["stat_syncs"] - syncs
+            if syncs:  # a map-statistics host sync inside the timed calls
+                extra = f"{extra} [{syncs} statistics syncs in {args.repeats} steps]"
             rows.append((name, label, fwd, st, extra))
             print(f"{name:10s} {label:12s} forward {fwd:8.2f}  train step {st:8.2f}  {extra}", flush=True)
 
@@ -94,8 +100,11 @@ def main(argv=None):
         torchsp.tune.set_mode("auto")
         model.eval()
         t0 = time.perf_counter()
-        tuned = torchsp.tune.tune(model, (torchsp.SparseTensor(feats, c),), verbose=False)
+        tuned = torchsp.tune.tune(model, (torchsp.SparseTensor(feats, c),), verbose=False, train=True,
+                                  search=not args.no_search)
         t_tune = time.perf_counter() - t0
+        for line in (torchsp.tune.last_search() or {}).get("summary", []):
+            print(f"{name:10s} search: {line}", flush=True)
         convs = sum(1 for m in model.modules() if isinstance(m, torchsp.nn.SparseConv3d))
         picks = {}
         for e in tuned.values():

@@ -96,7 +96,9 @@ def register_candidates(device_type, pass_name, algos, nondeterministic=()):
 
 # ------------------------------------------------------------------ state ---
 
-_state = {"mode": None, "choices": None, "verbose": True, "saved": [], "fixed": None}
+_state = {"mode": None, "choices": None, "verbose": True, "saved": [], "fixed": None, "seen": None,
+          "search": None, "stat_syncs": 0}
+_RANKED_KEPT = 6  # per-layer candidates kept per pass (fastest first) for the end-to-end search
 _memo = {}  # choose_algo's (shape, rows bucket, mode) -> choice; cleared whenever a choice is written
 
 
@@ -204,6 +206,7 @@ def _map_stats(kmap):
     """(rows bucket, mean neighbours bucket), computed once per KernelMap (one host sync)."""
     stats = getattr(kmap, "stats", None)
     if stats is None:
+        _state["stat_syncs"] += 1
         rows = int(kmap.nbmap.shape[0])
         mean_nb = float((kmap.nbmap >= 0).sum()) / max(rows, 1)
         stats = kmap.stats = (f"r{_bucket_rows(rows)}", f"n{round(mean_nb * 2) / 2:g}")
@@ -295,13 +298,15 @@ def _close(a, b, dtype):
 
 
 def _tune_pass(pass_name, run, device, dtype, algos, setup_cost=None):
-    """(best algo, its seconds, the default's seconds) among eligible algos.
+    """(best algo, its seconds, the default's seconds, [(seconds, algo)] fastest first) among
+    eligible algos (those that run and match the reference).
 
     setup_cost(a): seconds a candidate spends once per kernel map before its first run (a
     segmented plan), charged to every run: models that rebuild maps per batch pay it each time.
     """
     ref = run(algos[0])
     best, best_t, default_t = algos[0], None, None
+    ranked = []
     for a in algos:
         try:
             extra = setup_cost(a) if setup_cost is not None else 0.0
@@ -311,11 +316,13 @@ def _tune_pass(pass_name, run, device, dtype, algos, setup_cost=None):
         if a is not algos[0] and not _close(out, ref, dtype):
             continue
         t = _time_call(lambda: run(a), device) + extra
+        ranked.append((t, a))
         if a is algos[0]:
             default_t = t
         if best_t is None or t < best_t:
             best, best_t = a, t
-    return best, best_t, default_t
+    ranked.sort(key=lambda r: r[0])
+    return best, best_t, default_t, ranked
 
 
 def _measure(feats, kmap, geom, weight):
@@ -353,7 +360,7 @@ def _measure(feats, kmap, geom, weight):
                 kmap.plans.clear()
                 kmap.plans.update(saved)
         return cost
-    choice, saved = {}, 0.0
+    choice, saved, ranked = {}, 0.0, {}
     with torch.no_grad():
         for p in PASSES:
             algos = candidates(device.type, p, geom.kernel_size, det)
@@ -362,12 +369,13 @@ def _measure(feats, kmap, geom, weight):
             # The produced channels of the pass: tile 2 (128 x 256) is tile 0 below 129.
             n = w.shape[2] if p == "fwd" else w.shape[1]
             algos = [a for a in algos if not (device.type == "cuda" and a[1] == 2 and n <= 128)]
-            best, best_t, default_t = _tune_pass(p, runs[p], device, dtype, algos,
-                                                 plan_seconds(p) if p != "wgrad" else None)
+            best, best_t, default_t, r = _tune_pass(p, runs[p], device, dtype, algos,
+                                                    plan_seconds(p) if p != "wgrad" else None)
             choice[p] = best
+            ranked[p] = [[list(a), round(t * 1e6, 2)] for t, a in r[:_RANKED_KEPT]]
             if best_t is not None and default_t is not None:
                 saved += default_t - best_t
-    return choice, saved
+    return choice, saved, ranked
 
 
 def _broadcast(choice):
@@ -401,6 +409,9 @@ def choose_algo(input, kmap, geom, weight, force=False):
     mode = "auto" if force else get_mode(feats.device.type)
     if mode == "off" or (mode == "cache" and not _choices()):
         return None
+    if _state["seen"] is not None and kmap.nbmap.shape[0] > 0:
+        # tune() lists the signatures a model uses (a statistics sync per map: tuning only).
+        _state["seen"].setdefault(signature(feats, kmap, geom, weight), static_signature(feats, geom, weight))
     # Memo of the shape + rows-bucket lookup: building the string key costs ~25 us of
     # Python per layer call, 1-2 ms per forward of a 50-layer net (H100, 2026-11-23).
     memo_key = (feats.device, feats.dtype, int(weight.shape[1]), int(weight.shape[2]), geom.kernel_size,
@@ -421,9 +432,10 @@ def choose_algo(input, kmap, geom, weight, force=False):
     t0 = time.perf_counter()
     if _state["verbose"]:
         print(f"torchsp.tune: measuring {key}", file=sys.stderr, flush=True)
-    choice, saved = _measure(feats, kmap, geom, weight) if _is_rank0() else ({}, 0.0)
+    choice, saved, ranked = _measure(feats, kmap, geom, weight) if _is_rank0() else ({}, 0.0, {})
     choice = _broadcast(choice)
-    entry = dict(choice, saved_us=round(saved * 1e6, 2), tuned_s=round(time.perf_counter() - t0, 3))
+    entry = dict(choice, saved_us=round(saved * 1e6, 2), tuned_s=round(time.perf_counter() - t0, 3),
+                 ranked=ranked)
     _choices()[key] = entry
     _choices()[static_signature(feats, geom, weight)] = dict(choice)
     _memo.clear()
@@ -434,34 +446,203 @@ def choose_algo(input, kmap, geom, weight, force=False):
     return [choice["fwd"], choice["dgrad"], choice["wgrad"]]
 
 
-def tune(model, inputs, n_samples=1, verbose=True):
-    """Tune every conv group of `model` on real inputs; returns {signature: choice}.
+def tune(model, inputs, n_samples=1, verbose=True, search=True, train=False, loss_fn=None, budget_s=20.0,
+         repeat=5):
+    """Tune every conv group of `model` on real inputs; returns {signature: entry}.
+
+    Two phases: every unseen signature's candidates are timed layer by layer (as the
+    automatic mode does on a first call), then, with `search`, the choices are refined
+    against the time of the whole model (torchsp/tune_search.py): never slower than the
+    best single dataflow it measured, forward units against the forward, and with `train`
+    dgrad units against the training step.
 
     Args:
         model: a module whose forward takes `*inputs` (SparseTensors or tensors).
-        inputs: a tuple of inputs, or a list of such tuples (n_samples of them are used).
+        inputs: a tuple of inputs, or a list of such tuples (n_samples of them are used;
+            the search times the first, on fresh SparseTensors so that maps are rebuilt
+            per call as a data loader gives them).
         n_samples: how many of the given input tuples to run (each unseen signature is
             measured on the first sample it appears in).
+        verbose: progress lines and a summary per signature on stderr.
+        search: refine against end-to-end time (skipped under torch.distributed with
+            several ranks: ranks see different signatures and a model call may be a
+            collective; there rank 0's per-layer choices are broadcast).
+        train: also search dgrad choices against the training step (forward, loss_fn,
+            backward).  The model's buffers (BatchNorm statistics) and gradients are
+            restored afterwards.
+        loss_fn: output -> scalar tensor for `train`; default: the mean square of every
+            floating tensor (or SparseTensor feats) in the output.
+        budget_s: wall seconds the search may spend (the per-layer phase is not capped).
+        repeat: model calls per end-to-end timing (median, after one warm-up call).
+    Returns:
+        {signature: {"fwd", "dgrad", "wgrad": [dataflow, tile, split, threshold],
+        "saved_us", "tuned_s", "ranked"}} for every signature the first sample used.
     """
     samples = inputs if isinstance(inputs, list) else [inputs]
+    samples = [s if isinstance(s, tuple) else (s,) for s in samples[:max(1, n_samples)]]
     old_mode, old_verbose = _state["mode"], _state["verbose"]
-    _state["mode"], _state["verbose"], _state["saved"] = "auto", verbose, []
+    _state["mode"], _state["verbose"], _state["saved"], _state["search"] = "auto", verbose, [], None
+    t0 = time.perf_counter()
+    # Tuning runs the model: BatchNorm statistics move and backward fills .grad; put both back.
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    was_training = model.training
+    try:
+        seen = {}  # signature -> static signature, of the first sample's layers
+        with torch.no_grad():
+            for i, sample in enumerate(samples):
+                _state["seen"] = seen if i == 0 else None
+                model(*sample)
+        _state["seen"] = None
+        t_layers = time.perf_counter() - t0
+        dist = torch.distributed
+        several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if search and seen and not several:
+            _state["mode"] = "cache"  # every signature is cached now: nothing more is measured
+            _search(model, samples[0], seen, train, loss_fn, budget_s, repeat, verbose)
+            for key, static in seen.items():
+                _choices()[static] = {p: list(_choices()[key][p]) for p in PASSES}
+            if _is_rank0():
+                with contextlib.suppress(OSError):
+                    save()
+    finally:
+        _state["mode"], _state["verbose"], _state["seen"] = old_mode, old_verbose, None
+        _memo.clear()
+        model.train(was_training)
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        for p, g in grads:
+            p.grad = g
+    tuned = {k: _choices()[k] for k in seen if k in _choices()}
+    if verbose:
+        print(f"torchsp.tune: {len(_state['saved'])} signatures measured layer by layer in {t_layers:.1f} s, "
+              f"{len(tuned)} used; total {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        for k, e in tuned.items():
+            print(f"  {k}: fwd {e['fwd']} dgrad {e['dgrad']} wgrad {e['wgrad']} "
+                  f"(per layer saves {e.get('saved_us', '?')} us)", file=sys.stderr)
+        for line in (_state["search"] or {}).get("summary", []):
+            print(f"torchsp.tune: {line}", file=sys.stderr)
+    return tuned
+
+
+def last_search():
+    """What the last tune() search measured: {"summary": [lines], pass: {...}} or None."""
+    return _state["search"]
+
+
+def _fresh(sample):
+    """The sample with every SparseTensor rebuilt without its cache (maps built anew)."""
+    from .tensor import SparseTensor
+    return tuple(SparseTensor(x.feats, x.coords, x.stride, check=False) if isinstance(x, SparseTensor) else x
+                 for x in sample)
+
+
+def _default_loss(out):
+    from .tensor import SparseTensor
+    found = []
+
+    def walk(o):
+        if isinstance(o, SparseTensor):
+            walk(o.feats)
+        elif isinstance(o, torch.Tensor):
+            if o.is_floating_point() and o.requires_grad:
+                found.append(o)
+        elif isinstance(o, (tuple, list)):
+            for v in o:
+                walk(v)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+    walk(out)
+    if not found:
+        raise ValueError("torchsp.tune(train=True): the model output has no tensor that requires grad; pass loss_fn")
+    return sum(t.float().square().mean() for t in found)
+
+
+def _time_model(fn, device, repeat):
+    """Median wall seconds of fn() after one warm-up call (CUDA synchronised)."""
+    fn()
+    times = []
+    for _ in range(max(1, repeat)):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _search(model, sample, seen, train, loss_fn, budget_s, repeat, verbose):
+    """The end-to-end phase of tune(): forward units, then (train) dgrad units."""
+    from .tensor import SparseTensor
+    from .tune_search import greedy
+    device = next((x.feats.device for x in sample if isinstance(x, SparseTensor)), torch.device("cpu"))
+    ch = _choices()
+    keys = [k for k in seen if k in ch]
+
+    def units(p):
+        current = {(k, p): list(ch[k][p]) for k in keys}
+        ranked = {(k, p): [(us * 1e-6, a) for a, us in ch[k].get("ranked", {}).get(p, [])] for k in keys}
+        return current, ranked
+
+    def apply(cfg):
+        for (k, p), a in cfg.items():
+            ch[k] = dict(ch[k], **{p: list(a)})
+        _memo.clear()
+
+    def log(line):
+        if verbose:
+            print(f"torchsp.tune: search {line}", file=sys.stderr, flush=True)
+
+    def forward():
+        model(*_fresh(sample))
+
+    def step():
+        out = model(*_fresh(sample))
+        (loss_fn or _default_loss)(out).backward()
+
+    result = {"summary": []}
     t0 = time.perf_counter()
     try:
+        current, ranked = units("fwd")
         with torch.no_grad():
-            for sample in samples[:max(1, n_samples)]:
-                model(*(sample if isinstance(sample, tuple) else (sample,)))
+            best, best_t, trials = greedy(lambda cfg: (apply(cfg), _time_model(forward, device, repeat))[1],
+                                          current, ranked, budget_s * (0.4 if train else 1.0), log=log,
+                                          always=[DEFAULT])
+        apply(best)
+        result["fwd"] = dict(start=trials[0][1], best=best_t, trials=trials)
+        result["summary"].append(_search_line("forward", trials, best_t))
+        if train:
+            model.train()
+            current, ranked = units("dgrad")
+
+            def train_objective(cfg):
+                apply(cfg)
+                t = _time_model(step, device, repeat)
+                model.zero_grad(set_to_none=True)
+                return t
+            left = max(0.0, budget_s - (time.perf_counter() - t0))
+            best_d, best_dt, trials_d = greedy(train_objective, current, ranked, left, log=log, always=[DEFAULT])
+            apply(best_d)
+            result["dgrad"] = dict(start=trials_d[0][1], best=best_dt, trials=trials_d)
+            result["summary"].append(_search_line("training step (dgrad units)", trials_d, best_dt))
     finally:
-        _state["mode"], _state["verbose"] = old_mode, old_verbose
-    tuned = dict(_state["saved"])
-    if verbose:
-        total = sum(e["saved_us"] for e in tuned.values())
-        print(f"torchsp.tune: {len(tuned)} signatures tuned in {time.perf_counter() - t0:.1f} s; "
-              f"estimated {total:.0f} us saved per step over the default dataflow", file=sys.stderr)
-        for k, e in tuned.items():
-            print(f"  {k}: fwd {e['fwd']} dgrad {e['dgrad']} wgrad {e['wgrad']} (saves {e['saved_us']} us)",
-                  file=sys.stderr)
-    return tuned
+        model.zero_grad(set_to_none=True)
+    result["summary"].append(f"search took {time.perf_counter() - t0:.1f} s")
+    _state["search"] = result
+    return result
+
+
+def _search_line(what, trials, best_t):
+    singles = [(t, name) for name, t, _ in trials if name.startswith("single")]
+    best_single = min(singles) if singles else None
+    return (f"end-to-end {what}: per-layer choices {trials[0][1] * 1e3:.2f} ms, "
+            + (f"best single dataflow {best_single[0] * 1e3:.2f} ms ({best_single[1][7:]}), " if best_single else "")
+            + f"searched {best_t * 1e3:.2f} ms ({len(trials)} trials)")
 
 
 def main(argv=None):

@@ -21,8 +21,10 @@
 **   2. the offsets used by no row of the tile are dropped (a warp ballot
 **      compacts the rest into a list);
 **   3. a STAGES-deep cp.async pipeline walks (offset, BK-channel chunk)
-**      steps: A = BM gathered source rows (absent rows are zero-filled by
-**      cp.async without reading memory), B = the BK x BN slice of W_k;
+**      steps: A = BM gathered source rows (absent rows are zero-filled in
+**      shared memory; the rows of 16-row groups with no row for the offset
+**      are not loaded at all, step 4 never reads them), B = the BK x BN
+**      slice of W_k;
 **   4. each warp skips the mma of 16-row groups that have no row for the
 **      step's offset (the tensor cores are the bottleneck at large C, and
 **      ~3.5 of 27 offsets per row leaves most groups empty);
@@ -87,12 +89,14 @@ __global__ void __launch_bounds__(CFG::THREADS)
   /* 3. Pipeline stage loader: step -> (offset, channel chunk). */
   auto load_step = [&](int li, int c0, int stage) {
     const int k = s_list[li];
+    const uint32_t used = s_groups[k]; /* rows of other 16-row groups are never read (step 4) */
     T *a_dst = s_a + stage * CFG::A_STAGE;
 #pragma unroll
     for (int it = 0; it < (BM * (BK / 8) + NT - 1) / NT; ++it) {
       const int i = tid + it * NT;
       if (i >= BM * (BK / 8)) break;
       const int r = i / (BK / 8), c = c0 + (i % (BK / 8)) * 8;
+      if (!((used >> (r >> 4)) & 1u)) continue;
       const int32_t p = s_nb[r * volume + k];
       const bool valid = p >= 0 && c < red;
       const T *g = valid ? src + (int64_t)p * red + c : src;

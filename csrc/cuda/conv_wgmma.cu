@@ -135,11 +135,13 @@ __global__ void __launch_bounds__(WG_THREADS)
   /* Stage loader: chunk i of a stage (16 bytes) lands at element 8 i (file header). */
   auto load_step = [&](int li, int c0, int stage) {
     const int k = s_list[li];
+    const uint32_t used = s_groups[k]; /* m64 blocks with no row for k are skipped, never read */
     T *a_dst = s_a + stage * A_STAGE;
 #pragma unroll
     for (int it = 0; it < BM * BK / 8 / NT; ++it) {
       const int i = tid + it * NT;
       const int r = (i / BK) * 8 + (i & 7), c = c0 + ((i >> 3) % (BK / 8)) * 8;
+      if (!((used >> ((r >> 6) * 4)) & 0xFu)) continue;
       const int32_t p = s_nb[r * volume + k];
       const bool valid = p >= 0 && c < red;
       tsp_cp_async16(a_dst + 8 * i, valid ? src + (int64_t)p * red + c : src, valid);

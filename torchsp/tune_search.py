@@ -1,0 +1,92 @@
+"""End-to-end greedy search of the autotuner (TorchSparse++'s group-based tuning).
+
+torchsp.tune first times every candidate of each layer signature alone (warm caches, no
+neighbours).  Inside a network the ranking can change: what the previous layer left in L2,
+the host sync of a plan that lists pairs, launch gaps between small kernels.  On the H100
+(2026-11-23) per-layer choices measured up to 25% slower end to end than the best single
+dataflow.  So tune() then refines the choices against the time of the whole model:
+
+  1. start from the best of: the per-layer choices, and each single dataflow given to every
+     unit where it is eligible (so the result is never worse than the best fixed dataflow
+     that was measured);
+  2. visit units in decreasing order of their per-layer time and try each unit's other
+     promising candidates (per-layer time within `spread` of the unit's best), keeping a
+     change only when the whole model gets faster by more than `tol`;
+  3. stop when `budget_s` is spent.
+
+A *unit* is (signature, pass).  Forward units are searched against the forward; dgrad units
+(training) against the training step with the forward choices fixed: forward and dgrad are
+bound in that order, so the search stays linear in the number of choices.
+"""
+
+import time
+
+
+def greedy(objective, current, ranked, budget_s=20.0, tol=0.01, spread=1.25, clock=time.perf_counter,
+           log=None, always=()):
+    """Refine `current` against `objective`; returns (best config, its seconds, trial log).
+
+    Args:
+        objective: config -> seconds (lower is better); config maps unit -> algo (a list).
+        current: {unit: algo}, the per-layer choices (every unit to search).
+        ranked: {unit: [(seconds, algo), ...]} eligible candidates with their per-layer
+            times, fastest first; a unit without entries keeps its choice.
+        budget_s: wall seconds after which no new trial starts.
+        tol: a change is kept when it is faster than the best so far by this fraction.
+        spread: candidates slower than spread x the unit's fastest per-layer time are not tried.
+        log: optional callable(str) for a progress line per trial.
+        always: algos tried as single dataflows even when no unit finds them promising
+            (the default dataflow, so the summary can say what tuning saved over it).
+    """
+    t0 = clock()
+    trials = []
+
+    def promising(u):
+        rs = ranked.get(u) or []
+        if not rs:
+            return []
+        fastest = rs[0][0]
+        return [list(a) for t, a in rs if t <= fastest * spread]
+
+    best = {u: list(a) for u, a in current.items()}
+    best_t = objective(best)
+    trials.append(("per-layer choices", best_t, True))
+
+    # 1. Single dataflows for every unit where eligible (tried in order of first appearance).
+    singles = [list(a) for a in always]
+    for u in current:
+        for a in promising(u):
+            if a not in singles:
+                singles.append(a)
+    for a in singles:
+        cfg = {u: (list(a) if any(list(b) == a for _, b in ranked.get(u) or []) else list(best_u))
+               for u, best_u in best.items()}
+        if cfg == best or clock() - t0 > budget_s:
+            continue
+        t = objective(cfg)
+        keep = t < best_t
+        trials.append((f"single {a}", t, keep))
+        if log:
+            log(f"single {a}: {t * 1e3:.2f} ms{' (best)' if keep else ''}")
+        if keep:
+            best, best_t = cfg, t
+
+    # 2. Unit by unit, heaviest first.
+    weight = {u: (ranked.get(u) or [(0.0, None)])[0][0] for u in current}
+    for u in sorted(current, key=lambda u: -weight[u]):
+        for a in promising(u):
+            if a == best[u]:
+                continue
+            if clock() - t0 > budget_s:
+                trials.append(("budget spent", best_t, False))
+                return best, best_t, trials
+            cfg = dict(best)
+            cfg[u] = a
+            t = objective(cfg)
+            keep = t < best_t * (1.0 - tol)
+            trials.append((f"{u} -> {a}", t, keep))
+            if log:
+                log(f"{u[0]} {u[1]} {a}: {t * 1e3:.2f} ms{' (kept)' if keep else ''}")
+            if keep:
+                best, best_t = cfg, t
+    return best, best_t, trials
