@@ -4,11 +4,13 @@
 MinkUNet and SparseResNet21D (torchsp.models) on the real scan of examples/scan_data.py.
 For each model: torchsp.tune(train=True) on one input (its wall time is the tuning time,
 with an empty cache: per-layer measurements, then the end-to-end search of
-torchsp/tune_search.py against the forward and the training step), then the forward (no_grad, eval) and the training step
-(forward + backward of a mean-square loss), each the median of --repeats calls on a
-fresh SparseTensor (kernel maps rebuilt every call, as a data loader gives them),
-with the tuned choices, and with every layer forced to one dataflow
-(torchsp.tune.set_fixed).  Wall time with CUDA synchronisation, in milliseconds.
+torchsp/tune_search.py against the forward and the training step).  Then the forward
+(no_grad, eval) and the training step (forward + backward of a mean-square loss) with the
+tuned choices and with every layer forced to one dataflow (torchsp.tune.set_fixed), in
+interleaved rounds (each round times every configuration once), median over --repeats
+rounds.  Every call gets a fresh SparseTensor (check=False: kernel maps rebuilt every call,
+as a data loader gives them, without the coordinate validation).  Wall time with CUDA
+synchronisation, in milliseconds.
 
     python tools/bench_models.py --device cuda --dtype float16 --voxel-size 0.05
     python tools/bench_models.py --device cpu --dtype float32 --voxel-size 0.5 --repeats 2   # smoke test
@@ -16,6 +18,7 @@ with the tuned choices, and with every layer forced to one dataflow
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -74,27 +77,11 @@ def main(argv=None):
         model = make().to(args.device, dtype)
 
         def forward():
-            out = model(torchsp.SparseTensor(feats, c))
+            out = model(torchsp.SparseTensor(feats, c, check=False))
             return out if isinstance(out, torch.Tensor) else out.feats
 
         def step():
             forward().float().square().mean().backward()
-
-        def measure(label, extra=""):
-            model.eval()
-            with torch.no_grad():
-                forward()  # warm-up (and, in auto mode, nothing left to tune)
-                fwd = timed(forward, args.device, args.repeats)
-            model.train()
-            step()
-            syncs = torchsp.tune._state["stat_syncs"]
-            st = timed(step, args.device, args.repeats)
-            model.zero_grad(set_to_none=True)
-            syncs = torchsp.tune._state["stat_syncs"] - syncs
-            if syncs:  # a map-statistics host sync inside the timed calls
-                extra = f"{extra} [{syncs} statistics syncs in {args.repeats} steps]"
-            rows.append((name, label, fwd, st, extra))
-            print(f"{name:10s} {label:12s} forward {fwd:8.2f}  train step {st:8.2f}  {extra}", flush=True)
 
         torchsp.tune.set_fixed(None)
         torchsp.tune.set_mode("auto")
@@ -110,27 +97,49 @@ def main(argv=None):
         for e in tuned.values():
             for p in ("fwd", "dgrad"):
                 picks[str(e[p])] = picks.get(str(e[p]), 0) + 1
+        print(f"{name:10s} tuning {t_tune:.1f} s, {len(tuned)} signatures, {convs} conv layers; "
+              f"fwd/dgrad picks {picks}", flush=True)
         torchsp.tune.set_mode("cache")
-        # Tuned is measured first and again last: on 2026-11-23 the first configuration measured
-        # after tuning ran up to 30% slower than the same choices later (order effect, not understood).
-        measure("tuned", f"(tuning {t_tune:.1f} s, {len(tuned)} signatures, {convs} conv layers; "
-                         f"fwd/dgrad picks {picks})")
-        for label in args.fixed:
-            torchsp.tune.set_fixed(FIXED[label])
-            try:
-                measure(label)
-            except RuntimeError as e:
-                print(f"{name:10s} {label:12s} FAILED {str(e).splitlines()[0][:120]}")
+
+        # Interleaved rounds: each round runs every configuration once (after one untimed call
+        # that absorbs the switch), so drift and order effects hit all of them alike.  On
+        # 2026-11-23 back-to-back blocks of one configuration drifted by up to 30%.
+        configs = ["tuned"] + [label for label in args.fixed]
+        times = {label: ([], []) for label in configs}
+        syncs = 0
+        for _ in range(args.repeats):
+            for label in configs:
+                torchsp.tune.set_fixed(None if label == "tuned" else FIXED[label])
+                try:
+                    model.eval()
+                    with torch.no_grad():
+                        forward()
+                        times[label][0].append(timed(forward, args.device, 1))
+                    model.train()
+                    step()
+                    before = torchsp.tune._state["stat_syncs"]
+                    times[label][1].append(timed(step, args.device, 1))
+                    if label == "tuned":
+                        syncs += torchsp.tune._state["stat_syncs"] - before
+                    model.zero_grad(set_to_none=True)
+                except RuntimeError as e:
+                    times[label] = None
+                    configs.remove(label)
+                    print(f"{name:10s} {label:12s} FAILED {str(e).splitlines()[0][:120]}")
         torchsp.tune.set_fixed(None)
-        measure("tuned-again")
+        for label in configs:
+            fwd, st = (statistics.median(v) for v in times[label])
+            extra = f"[{syncs} statistics syncs in {args.repeats} tuned steps]" if label == "tuned" and syncs else ""
+            rows.append((name, label, fwd, st, extra))
+            print(f"{name:10s} {label:12s} forward {fwd:8.2f}  train step {st:8.2f}  {extra}", flush=True)
         del model
         if args.device == "cuda":
             torch.cuda.empty_cache()
 
-    print("\n# tuned (measured last) vs best fixed dataflow (ratio > 1: tuned is faster)")
+    print("\n# tuned vs best fixed dataflow, interleaved rounds (ratio > 1: tuned is faster)")
     for name in dict.fromkeys(r[0] for r in rows):
         rs = [r for r in rows if r[0] == name]
-        t = [r for r in rs if r[1] == "tuned-again"][0]
+        t = [r for r in rs if r[1] == "tuned"][0]
         fixed = [r for r in rs if not r[1].startswith("tuned")]
         if not fixed:
             continue

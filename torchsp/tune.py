@@ -500,8 +500,9 @@ def tune(model, inputs, n_samples=1, verbose=True, search=True, train=False, los
         if search and seen and not several:
             _state["mode"] = "cache"  # every signature is cached now: nothing more is measured
             _search(model, samples[0], seen, train, loss_fn, budget_s, repeat, verbose)
-            for key, static in seen.items():
-                _choices()[static] = {p: list(_choices()[key][p]) for p in PASSES}
+            for key, static in seen.items():  # a layer served by a neighbour bucket's entry has none
+                if key in _choices():
+                    _choices()[static] = {p: list(_choices()[key][p]) for p in PASSES}
             if _is_rank0():
                 with contextlib.suppress(OSError):
                     save()
