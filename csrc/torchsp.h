@@ -99,10 +99,23 @@ typedef enum {
 ** serves a dataflow it lacks with output-stationary (same result).  On CUDA
 ** the dataflow reaches the kernels as segments (tsp_segment, built by
 ** torchsp/plan.py from these numbers); every CUDA and CPU dataflow is
-** atomic-free and deterministic. */
+** atomic-free and deterministic.
+**
+** tile on CUDA: fp16/bf16 tile shapes 0-2 (mma.sync) and 6-10 (wgmma,
+** sm_90a builds), any other value read as 0.  On float32, TSP_TILE_TF32
+** asks for tf32 tensor cores (mma.sync m16n8k8: operands rounded to tf32's
+** 10-bit mantissa, unit roundoff 2^-11 instead of fp32's 2^-24, fp32
+** accumulation) in whichever pass's algo carries it, forward, dgrad or wgrad, and
+** in every dataflow; shapes the tf32 kernels do not take (channel counts not
+** multiples of 4, misaligned operands, V > 64, pre-sm_80 devices) and every
+** other tile run the exact fp32 kernels.  Python picks it for float32 when
+** torch.backends.cuda.matmul.allow_tf32 is set (torchsp/functional.py). */
+enum { TSP_TILE_TF32 = 11 };
+
 typedef struct {
   int32_t dataflow;  /* tsp_dataflow */
-  int32_t tile;      /* kernel configuration (CUDA: tile shape index); 0 = the kernel's default */
+  int32_t tile;      /* kernel configuration (CUDA: tile shape index, TSP_TILE_TF32 = tf32 on
+                        float32); 0 = the kernel's default */
   int32_t split;     /* output-stationary: mask splits (offset groups, torchsp/plan.py); 0 or 1 = none */
   int32_t threshold; /* hybrid: L1-norm threshold t; output-stationary: -1 = ignore row order (unsorted) */
 } tsp_algo;
@@ -278,8 +291,9 @@ tsp_status tsp_kernel_map_pairs_cuda(const int32_t *map, int64_t n_rows, int64_t
 tsp_status tsp_kernel_map_transpose_cuda(const int32_t *nbmap, int64_t n_out, int64_t volume,
                                          int64_t n_in, int32_t *nbmap_t, tsp_cuda_stream stream);
 
-/* Convolution passes on CUDA: float32 (tf32 or fp32 math), float16, bfloat16,
-** fp32 accumulation.  Map entries outside their valid range are treated as -1. */
+/* Convolution passes on CUDA: float32 (exact fp32 math, or tf32 with
+** algo.tile == TSP_TILE_TF32), float16, bfloat16, fp32 accumulation.  Map
+** entries outside their valid range are treated as -1. */
 size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob);
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
                              const int32_t *nbmap, void *y, void *workspace,

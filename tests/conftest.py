@@ -7,6 +7,8 @@
 - Real scans: ``load_kitti()`` / ``load_lidar()`` read ``<repo>/../shared/data`` (skip if absent;
   the lidar sweep falls back to the copy bundled as torchsp/data/lidar_198k.npz), ``crop_voxels``
   voxelises a small box so the dense float64 reference stays fast on 2 CPU cores.
+- ``poison_cuda_cache()``: fills freed blocks of PyTorch's CUDA caching allocator with NaN, so a
+  kernel that reads workspace (or output) memory before writing it cannot pass.
 """
 
 import os
@@ -81,6 +83,13 @@ def crop_voxels(points, lo, hi, voxel, batch=0):
     vox = np.unique(np.floor(xyz[keep] / voxel).astype(np.int64), axis=0)
     c = torch.from_numpy(vox)
     return torch.cat([torch.full((c.shape[0], 1), batch, dtype=torch.int64), c], 1).int()
+
+
+def poison_cuda_cache():
+    """Fill freed blocks of the caching allocator with NaN: workspaces and outputs reuse them."""
+    for kb in (65536, 8192, 1024, 256, 64, 16):
+        torch.empty(kb << 8, device="cuda").fill_(float("nan"))
+    torch.cuda.synchronize()
 
 
 def rel_err(actual, expected):

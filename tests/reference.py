@@ -18,6 +18,7 @@ plain torch:
   ``F.conv_transpose3d``) on the scattered dense grid, read at given output
   sites.  Differentiable (autograd of the dense op gives reference gradients).
 - ``gather_conv``: y = sum_k x[nbmap[:, k]] @ w[k] from a reference map.
+- ``gather_wgrad``: dw[k] = sum over present q of x[nbmap[q, k]]^T dy[q].
 """
 
 import torch
@@ -101,6 +102,19 @@ def gather_conv(feats, nbmap, weight, bias=None):
     if bias is not None:
         y = y + bias.double()
     return y
+
+
+def gather_wgrad(feats, nbmap, dy):
+    """float64 dw [V, Cin, Cout]: dw[k] = sum over q with nbmap[q, k] >= 0 of x[nbmap[q, k]]^T dy[q]."""
+    x = feats.double()
+    g = dy.double().to(x.device)
+    nbmap = nbmap.to(x.device).long()
+    dw = torch.zeros(nbmap.shape[1], x.shape[1], g.shape[1], dtype=torch.float64, device=x.device)
+    for k in range(nbmap.shape[1]):
+        rows = (nbmap[:, k] >= 0).nonzero().flatten()
+        if rows.numel():
+            dw[k] = x[nbmap[rows, k]].t() @ g[rows]
+    return dw
 
 
 # --------------------------------------------------------------- dense grid ---

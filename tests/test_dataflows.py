@@ -16,7 +16,7 @@ import torch
 import reference as ref
 import torchsp
 from cases import CASES, CASE_IDS, build, reference
-from conftest import CUDA, crop_voxels, load_lidar, randn, rel_err
+from conftest import CUDA, crop_voxels, load_lidar, poison_cuda_cache, randn, rel_err
 from torchsp.plan import _build, pass_plan
 
 F = torchsp.functional
@@ -38,11 +38,7 @@ DATAFLOWS = {
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 
-def _poison_cache():
-    """Fill freed blocks of the caching allocator with NaN: workspaces reuse them."""
-    for kb in (65536, 8192, 1024, 256, 64, 16):
-        torch.empty(kb << 8, device="cuda").fill_(float("nan"))
-    torch.cuda.synchronize()
+_poison_cache = poison_cuda_cache
 
 
 def _covered(nbmap, seq, segs):

@@ -60,18 +60,20 @@ def test_backward_passes():
         assert (a - b).norm() / a.norm() < 5e-3
 
 
-def _fp16_case(seed):
-    """A random 3x3x3 submanifold case, 40 -> 144 channels: the fp16 CUDA input, weight and
-    output gradient, and the CPU float64 forward and dgrad they must match."""
+def _tensor_core_case(seed, dtype=torch.float16):
+    """A random 3x3x3 submanifold case, 40 -> 144 channels: the CUDA input, weight and output
+    gradient in `dtype`, and the CPU float64 forward, dgrad and wgrad they must match."""
     coords = _coords(900, seed=seed)
     feats = torch.randn(coords.shape[0], 40, dtype=torch.float64)
     w = torch.randn(27, 40, 144, dtype=torch.float64) / 20
     x_cpu = torchsp.SparseTensor(feats, coords)
     ref = torchsp.functional.sparse_conv3d(x_cpu, w, 3, algo=[0, 0, 0, 0])
     g = torch.linspace(-1, 1, ref.feats.numel(), dtype=torch.float64).reshape(ref.feats.shape)
-    ref_dx = torch.ops.torchsp.conv_dgrad(g, w, torchsp.kmap.get_kernel_map(x_cpu, 3)[0].nbmap_t, [0, 0, 0, 0], None)
-    x = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
-    return x, w.to("cuda", torch.float16), g.to("cuda", torch.float16), ref.feats, ref_dx
+    km = torchsp.kmap.get_kernel_map(x_cpu, 3)[0]
+    ref_dx = torch.ops.torchsp.conv_dgrad(g, w, km.nbmap_t, [0, 0, 0, 0], None)
+    ref_dw = torch.ops.torchsp.conv_wgrad(feats, g, km.nbmap, [0, 0, 0, 0])
+    x = torchsp.SparseTensor(feats.to("cuda", dtype), coords.cuda())
+    return x, w.to("cuda", dtype), g.to("cuda", dtype), ref.feats, ref_dx, ref_dw
 
 
 def _assert_close(y, dx, ref_y, ref_dx):
@@ -84,7 +86,7 @@ def _assert_close(y, dx, ref_y, ref_dx):
 def test_tensor_core_tiles(tile):
     """Every tensor-core tile family (mma.sync 0/2, wgmma 7/9 on sm_90a builds, else mma.sync)
     under the sanitizers: mask-sorted rows, a partial last tile, Cout > 128, fwd and dgrad."""
-    x, w16, g16, ref_y, ref_dx = _fp16_case(seed=11)
+    x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=11)
     km = torchsp.kmap.get_kernel_map(x, 3)[0]
     a = [0, tile, 0, 0]
     y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
@@ -97,7 +99,7 @@ def test_tensor_core_tiles(tile):
 def test_segmented_dataflows(algo):
     """Segmented plans (torchsp/plan.py: mask splits, weight-stationary, hybrid) under the
     sanitizers: fp32 partial sums in the workspace, pair-list rows, fwd and dgrad."""
-    x, w16, g16, ref_y, ref_dx = _fp16_case(seed=12)
+    x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=12)
     geom = torchsp.kmap.ConvGeometry(3)
     km = torchsp.kmap.get_kernel_map(x, geom)[0]
     order, segs = torchsp.plan.pass_plan(km, "fwd", algo, geom)
@@ -107,6 +109,25 @@ def test_segmented_dataflows(algo):
                                    segs_t)
     dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, algo, order_t, segs_t)
     _assert_close(y, dx, ref_y, ref_dx)
+
+
+@pytest.mark.parametrize("algo", [[0, 11, 0, 0], [0, 11, 0, -1], [0, 11, 2, 0], [1, 11, 0, 0], [2, 11, 0, 2]],
+                         ids=["sorted", "unsorted", "split2", "ws", "hybrid2"])
+def test_tf32_kernels(algo):
+    """The tf32 kernels (tile 11 on float32: conv_tf32.cu forward and dgrad in each dataflow,
+    conv_wgrad.cu's tf32 wgrad) under the sanitizers: 40 -> 144 channels, so the forward's
+    second 128-column tile and the 16-float channel chunks are partial."""
+    x, w, g, ref_y, ref_dx, ref_dw = _tensor_core_case(seed=13, dtype=torch.float32)
+    geom = torchsp.kmap.ConvGeometry(3)
+    km = torchsp.kmap.get_kernel_map(x, geom)[0]
+    order, segs = torchsp.plan.pass_plan(km, "fwd", algo, geom, torch.float32)
+    order_t, segs_t = torchsp.plan.pass_plan(km, "dgrad", algo, geom, torch.float32)
+    y = torch.ops.torchsp.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, algo, algo, algo, order, order_t, segs,
+                                   segs_t)
+    dx = torch.ops.torchsp.conv_dgrad(g, w, km.nbmap_t, algo, order_t, segs_t)
+    dw = torch.ops.torchsp.conv_wgrad(x.feats, g, km.nbmap, algo)
+    _assert_close(y, dx, ref_y, ref_dx)
+    assert (dw.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2
 
 
 @pytest.mark.parametrize("kernel,stride", [(3, 1), (5, 1), (2, 2)])

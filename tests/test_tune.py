@@ -172,7 +172,7 @@ def test_greedy_search_beats_per_layer_and_every_single_dataflow():
     assert trials[0][1] == 62.0
     assert best == {("u0", "fwd"): A, ("u1", "fwd"): C, ("u2", "fwd"): B}
     assert best_t == 54.0 == objective(best)
-    singles = [t for name, t, _ in trials if name.startswith("single")]
+    singles = [t for name, t, *_ in trials if name.startswith("single")]
     assert singles and best_t <= min(singles)
 
 
@@ -212,3 +212,20 @@ def test_tune_search_on_a_model_restores_state_and_matches_reference(cache_dir):
     y = conv(x)
     ref, _, _ = reference_conv3d(x.feats, x.coords, (1, 1, 1), conv.weight.detach(), 3)
     assert torch.allclose(y.feats, ref, atol=1e-9)
+
+
+def test_confirm_remeasures_finalists_and_prefers_the_default_on_ties():
+    from torchsp.tune_search import confirm
+    true = {"a": 10.0, "b": 9.0, "c": 9.05}
+    noise = iter([3.0, -2.0, 0.0, 0.0, 0.0, 0.0, -0.5, 4.0, 0.0] * 5)
+    calls = []
+
+    def once(cfg):
+        calls.append(cfg["u"])
+        return true[cfg["u"]] + next(noise) * 0.01
+    win, med = confirm(once, {"searched": {"u": "b"}, "default": {"u": "c"}, "per-layer": {"u": "a"},
+                              "same as searched": {"u": "b"}}, rounds=5, prefer="default", margin=0.01)
+    assert set(med) == {"searched", "default", "per-layer"} and len(calls) == 15  # duplicates measured once
+    assert win == "default"  # 9.05 is within 1% of 9.0
+    win, _ = confirm(once, {"searched": {"u": "b"}, "default": {"u": "a"}}, rounds=3, prefer="default")
+    assert win == "searched"  # the default is 11% slower

@@ -11,9 +11,9 @@ from .geometry import volume
 from .kmap import ConvGeometry, get_kernel_map
 from .plan import pass_plan
 from .tensor import SparseTensor
-from .tune import choose_algo
+from .tune import choose_algo, default_algo
 
-DEFAULT_ALGO = (0, 0, 0, 0)
+DEFAULT_ALGO = (0, 0, 0, 0)  # float32 CUDA features with tf32 allowed: tune.default_algo
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -30,10 +30,11 @@ def _autocast_dtype(device_type):
     return torch.get_autocast_gpu_dtype() if device_type == "cuda" else torch.get_autocast_cpu_dtype()
 
 
-def _resolve_algo(algo):
-    """(fwd, dgrad, wgrad) 4-lists from None, one 4-sequence for all passes, or three of them."""
+def _resolve_algo(algo, default=DEFAULT_ALGO):
+    """(fwd, dgrad, wgrad) 4-lists from None (`default` for every pass), one 4-sequence for all
+    passes, or three of them."""
     if algo is None:
-        return list(DEFAULT_ALGO), list(DEFAULT_ALGO), list(DEFAULT_ALGO)
+        return list(default), list(default), list(default)
     if len(algo) == 4 and all(isinstance(v, int) for v in algo):
         return list(algo), list(algo), list(algo)
     if len(algo) != 3:
@@ -58,6 +59,9 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         generative: stride 1: output every site reached from an input; transposed: every finer site.
         rule: "active" (dense-equivalent active sites, default) or "floor" (MinkowskiEngine) for strided output.
         algo: None (default or tuned), [dataflow, tile, split, threshold], or (fwd, dgrad, wgrad) of those.
+            The default is [0, 0, 0, 0], or for float32 CUDA features with
+            torch.backends.cuda.matmul.allow_tf32 set [0, 11, 0, 0] (tf32 tensor cores); tile 11
+            on float32 asks for tf32 in any pass, any other tile is exact fp32.
     Returns:
         SparseTensor with feats [N_out, Cout] on the output coordinates of DESIGN.md section 3.
     """
@@ -88,7 +92,7 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom)
     if algo is None:
         algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight)
-    fwd, dgrad, wgrad = _resolve_algo(algo)
+    fwd, dgrad, wgrad = _resolve_algo(algo, default_algo(feats))
     order, segs = pass_plan(kmap, "fwd", fwd, geom, feats.dtype)
     order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype)
     y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,

@@ -22,7 +22,9 @@ Plans are built once per KernelMap and pass (cached on it).  Building the pair
 lists reads their sizes back to the host (one synchronisation per map), so
 while torch.compile or a tracer runs, a segmented choice runs as the plain
 pass (same results, another speed).
-The CPU kernels take no plans (they have their own dataflows).
+The CPU kernels take no plans (they have their own dataflows), nor does exact
+float32 on CUDA (conv_simple.cu); float32 with tile TF32_TILE runs the tf32
+tensor-core kernels, which take every plan as fp16 and bf16 do.
 
     torchsp.functional.sparse_conv3d -> plan.pass_plan -> torch.ops.torchsp.conv_fwd(..., segs, segs_t)
 """
@@ -34,6 +36,9 @@ from .kmap import map_pairs, mask_order
 
 # Segments name their offsets in one int64 bit mask; mask_order takes 63.
 MAX_VOLUME = 63
+
+# algo.tile of the tf32 tensor-core kernels for float32 (TSP_TILE_TF32, csrc/torchsp.h).
+TF32_TILE = 11
 
 
 def _bits(ks):
@@ -54,6 +59,12 @@ def busy():
 def segmented(algo):
     """True when `algo` ([dataflow, tile, split, threshold]) needs a segmented plan."""
     return algo[0] in (1, 2) or (algo[0] == 0 and algo[2] >= 2)
+
+
+def takes_segments(dtype, algo):
+    """True when the CUDA kernels that run `algo` on `dtype` features serve segments: the
+    tensor-core kernels (fp16, bf16, and float32 with tile TF32_TILE); dtype None counts as 16-bit."""
+    return dtype in (None, torch.float16, torch.bfloat16) or (dtype == torch.float32 and algo[1] == TF32_TILE)
 
 
 def _pairs(kmap, which):
@@ -105,8 +116,9 @@ def pass_plan(kmap, which, algo, geom, dtype=None):
         kmap: torchsp.kmap.KernelMap on a CUDA device.
         algo: [dataflow, tile, split, threshold].
         geom: torchsp.kmap.ConvGeometry (kernel_size, dilation, padding for the L1 norms).
-        dtype: the features' dtype, or None; float32 and float64 run the plain pass (the
-            segments steer tensor-core tiles only).
+        dtype: the features' dtype, or None (taken as 16-bit); exact float32 and float64 run
+            the plain pass (the segments steer tensor-core tiles only), float32 with tile
+            TF32_TILE (tf32 tensor cores) runs the plan.
     Returns:
         (int32 tensor or None, list of ints): the `order` / `order_t` and `segs` / `segs_t`
         arguments of torch.ops.torchsp.conv_fwd; segs is [] for a plain pass, whose row list is
@@ -115,7 +127,7 @@ def pass_plan(kmap, which, algo, geom, dtype=None):
     order = kmap.order if which == "fwd" else kmap.order_t
     nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
     if (not segmented(algo) or not nb.is_cuda or nb.shape[1] > MAX_VOLUME or nb.shape[0] == 0
-            or dtype not in (None, torch.float16, torch.bfloat16) or busy()):
+            or not takes_segments(dtype, algo) or busy()):
         return order, []
     key = (which, algo[0], algo[2] if algo[0] == 0 else 0, algo[3] if algo[0] == 2 else 0)
     hit = kmap.plans.get(key)

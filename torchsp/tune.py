@@ -22,6 +22,11 @@ depends on channels and rows (TorchSparse++, Spira).  So torchsp measures.
   graph that would be perturbed: those read the cache.
 - With torch.use_deterministic_algorithms(True), only atomic-free candidates
   are eligible.
+- float32 on CUDA with torch.backends.cuda.matmul.allow_tf32 set (what
+  torch.set_float32_matmul_precision("high") sets): the user accepts tf32
+  math, so the default and every candidate use the tf32 tensor-core kernels
+  (tile TF32_TILE), segmented dataflows included, and choices are cached
+  under the dtype "float32+tf32", apart from exact float32's.
 - Under torch.distributed, rank 0 measures and broadcasts its choice, so every
   rank runs the same dataflows and a cold tune cannot stall a collective.
 
@@ -40,8 +45,8 @@ import time
 import torch
 
 from .geometry import offset_l1
+from .plan import TF32_TILE, pass_plan, segmented, takes_segments
 from .plan import busy as _busy
-from .plan import pass_plan, segmented
 
 DEFAULT = [0, 0, 0, 0]
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -63,6 +68,25 @@ _CANDIDATES = {
 _NONDETERMINISTIC = {"cpu": set(), "cuda": set()}
 
 
+def tf32_allowed(feats):
+    """True when float32 CUDA features may run on tf32 tensor cores: torch's own switch for
+    float32 matmuls, torch.backends.cuda.matmul.allow_tf32 (set by
+    torch.set_float32_matmul_precision("high" or "medium")).  torch.compile guards on it."""
+    return feats.is_cuda and feats.dtype == torch.float32 and bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def default_algo(feats):
+    """The algorithm of a pass nobody chose: [0, 0, 0, 0], or [0, TF32_TILE, 0, 0] for float32
+    CUDA features when tf32_allowed(feats)."""
+    return [0, TF32_TILE, 0, 0] if tf32_allowed(feats) else list(DEFAULT)
+
+
+def _dtype_key(feats):
+    """The dtype part of a cache key: str(dtype), "+tf32" appended when tf32_allowed(feats), so a
+    choice tuned with the flag on is never read with it off, nor the reverse."""
+    return str(feats.dtype) + ("+tf32" if tf32_allowed(feats) else "")
+
+
 def _wgmma_available():
     """True when this build has the sm_90a wgmma kernels and the current GPU is an sm_90 part."""
     from . import _build_info
@@ -71,14 +95,20 @@ def _wgmma_available():
     return torch.cuda.get_device_capability() == (9, 0)
 
 
-def candidates(device_type, pass_name, kernel_size=None, deterministic=False):
-    """Algorithms eligible for a pass on a device type (hybrid thresholds expanded per kernel)."""
+def candidates(device_type, pass_name, kernel_size=None, deterministic=False, tf32=False):
+    """Algorithms eligible for a pass on a device type (hybrid thresholds expanded per kernel).
+
+    tf32: float32 on CUDA with tf32 allowed: the tf32 kernels have one tile shape, so the
+    candidates are the tile-0 ones with tile TF32_TILE (the first, the reference, is the default).
+    """
     out = [list(a) for a in _CANDIDATES.get(device_type, _CANDIDATES["cpu"])[pass_name]]
-    if device_type == "cuda" and pass_name != "wgrad" and _wgmma_available():
+    if device_type == "cuda" and pass_name != "wgrad" and _wgmma_available() and not tf32:
         out += [[0, 9, 0, 0], [1, 9, 0, 0]]  # wgmma, 256-row tiles (conv_wgmma.cu)
     if device_type == "cuda" and kernel_size is not None and pass_name != "wgrad" and 2 in _hybrid_passes():
         l1 = sorted(set(offset_l1(kernel_size, (1, 1, 1), tuple((k - 1) // 2 for k in kernel_size))))
         out += [[2, 0, 0, t] for t in l1[1:]]
+    if device_type == "cuda" and tf32:
+        out = [[a[0], TF32_TILE, a[2], a[3]] for a in out if a[1] == 0]
     if deterministic:
         out = [a for a in out if a[0] not in _NONDETERMINISTIC.get(device_type, set())]
     return out
@@ -124,12 +154,13 @@ def set_fixed(algo):
 
     Args:
         algo: [dataflow, tile, split, threshold] for forward and dgrad (wgrad keeps its
-            default), or (fwd, dgrad, wgrad) of those; None goes back to the tuner.
+            default, default_algo of each layer's features), or (fwd, dgrad, wgrad) of those;
+            None goes back to the tuner.
     """
     if algo is None:
         _state["fixed"] = None
     elif len(algo) == 4 and all(isinstance(v, int) for v in algo):
-        _state["fixed"] = (list(algo), list(algo), list(DEFAULT))
+        _state["fixed"] = (list(algo), list(algo), None)
     else:
         _state["fixed"] = tuple(list(a) for a in algo)
 
@@ -215,7 +246,7 @@ def _map_stats(kmap):
 
 def static_signature(feats, geom, weight):
     """The part of the key known without looking at data (what compiled code can use)."""
-    return _static_key(str(feats.device), str(feats.dtype), int(weight.shape[1]), int(weight.shape[2]),
+    return _static_key(str(feats.device), _dtype_key(feats), int(weight.shape[1]), int(weight.shape[2]),
                        geom.kernel_size, geom.stride, geom.transposed)
 
 
@@ -361,11 +392,12 @@ def _measure(feats, kmap, geom, weight):
                 kmap.plans.update(saved)
         return cost
     choice, saved, ranked = {}, 0.0, {}
+    tf32 = tf32_allowed(feats)
     with torch.no_grad():
         for p in PASSES:
-            algos = candidates(device.type, p, geom.kernel_size, det)
-            if dtype not in (torch.float16, torch.bfloat16):  # segments steer tensor-core tiles only
-                algos = [a for a in algos if not segmented(a)]
+            algos = candidates(device.type, p, geom.kernel_size, det, tf32)
+            # Segments steer tensor-core tiles only: exact float32 would time the plain pass again.
+            algos = [a for a in algos if not segmented(a) or takes_segments(dtype, a)]
             # The produced channels of the pass: tile 2 (128 x 256) is tile 0 below 129.
             n = w.shape[2] if p == "fwd" else w.shape[1]
             algos = [a for a in algos if not (device.type == "cuda" and a[1] == 2 and n <= 128)]
@@ -399,11 +431,11 @@ def choose_algo(input, kmap, geom, weight, force=False):
     """
     feats = input.feats
     if _state["fixed"] is not None:
-        return [list(a) for a in _state["fixed"]]
+        return [list(a) if a is not None else default_algo(feats) for a in _state["fixed"]]
     if _busy():
         # Compiling or tracing: no measuring and no data-dependent statistics; the choice
         # last tuned for this layer shape is read, as a constant.
-        hit = _static_choice(str(feats.device), str(feats.dtype), int(weight.shape[1]), int(weight.shape[2]),
+        hit = _static_choice(str(feats.device), _dtype_key(feats), int(weight.shape[1]), int(weight.shape[2]),
                              geom.kernel_size, geom.stride, geom.transposed)
         return None if hit is None else [list(hit[0]), list(hit[1]), list(hit[2])]
     mode = "auto" if force else get_mode(feats.device.type)
@@ -414,7 +446,7 @@ def choose_algo(input, kmap, geom, weight, force=False):
         _state["seen"].setdefault(signature(feats, kmap, geom, weight), static_signature(feats, geom, weight))
     # Memo of the shape + rows-bucket lookup: building the string key costs ~25 us of
     # Python per layer call, 1-2 ms per forward of a 50-layer net (H100, 2026-11-23).
-    memo_key = (feats.device, feats.dtype, int(weight.shape[1]), int(weight.shape[2]), geom.kernel_size,
+    memo_key = (feats.device, _dtype_key(feats), int(weight.shape[1]), int(weight.shape[2]), geom.kernel_size,
                 geom.stride, geom.transposed, _bucket_rows(int(kmap.nbmap.shape[0])), mode)
     hit = _memo.get(memo_key)
     if hit is None:
@@ -580,7 +612,7 @@ def _time_model(fn, device, repeat):
 def _search(model, sample, seen, train, loss_fn, budget_s, repeat, verbose):
     """The end-to-end phase of tune(): forward units, then (train) dgrad units."""
     from .tensor import SparseTensor
-    from .tune_search import greedy
+    from .tune_search import confirm, greedy
     device = next((x.feats.device for x in sample if isinstance(x, SparseTensor)), torch.device("cpu"))
     ch = _choices()
     keys = [k for k in seen if k in ch]
@@ -606,44 +638,55 @@ def _search(model, sample, seen, train, loss_fn, budget_s, repeat, verbose):
         out = model(*_fresh(sample))
         (loss_fn or _default_loss)(out).backward()
 
+    dflt = default_algo(next((x.feats for x in sample if isinstance(x, SparseTensor)), torch.empty(0)))
+
+    def run_pass(name, objective, once, p, budget):
+        """Greedy search of pass p's units, then the interleaved confirmation of the finalists."""
+        current, ranked = units(p)
+        best, best_t, trials = greedy(objective, current, ranked, budget, log=log, always=[dflt])
+        singles = [(t, cfg) for what, t, _, cfg in trials if what.startswith("single")]
+        default_cfg = next((cfg for what, t, _, cfg in trials if what == f"single {dflt}"), trials[0][3])
+        finalists = {"searched": best, "per-layer": trials[0][3], "default": default_cfg}
+        if singles:
+            finalists["best single"] = min(singles, key=lambda s: s[0])[1]
+        win, med = confirm(once, finalists, rounds=repeat, prefer="default")
+        apply(finalists[win])
+        result[p] = dict(start=trials[0][1], best=best_t, trials=trials, confirmed=med, chosen=win)
+        result["summary"].append(
+            f"end-to-end {name}: {len(trials)} trials; interleaved medians "
+            + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in med.items()) + f"; kept {win}")
+
+    def fwd_once(cfg):
+        apply(cfg)
+        return _time_model(forward, device, 1)
+
+    def step_once(cfg):
+        apply(cfg)
+        t = _time_model(step, device, 1)
+        model.zero_grad(set_to_none=True)
+        return t
+
     result = {"summary": []}
     t0 = time.perf_counter()
     try:
-        current, ranked = units("fwd")
         with torch.no_grad():
-            best, best_t, trials = greedy(lambda cfg: (apply(cfg), _time_model(forward, device, repeat))[1],
-                                          current, ranked, budget_s * (0.4 if train else 1.0), log=log,
-                                          always=[DEFAULT])
-        apply(best)
-        result["fwd"] = dict(start=trials[0][1], best=best_t, trials=trials)
-        result["summary"].append(_search_line("forward", trials, best_t))
+            run_pass("forward", lambda cfg: (apply(cfg), _time_model(forward, device, repeat))[1], fwd_once,
+                     "fwd", budget_s * (0.4 if train else 1.0))
         if train:
             model.train()
-            current, ranked = units("dgrad")
 
             def train_objective(cfg):
                 apply(cfg)
                 t = _time_model(step, device, repeat)
                 model.zero_grad(set_to_none=True)
                 return t
-            left = max(0.0, budget_s - (time.perf_counter() - t0))
-            best_d, best_dt, trials_d = greedy(train_objective, current, ranked, left, log=log, always=[DEFAULT])
-            apply(best_d)
-            result["dgrad"] = dict(start=trials_d[0][1], best=best_dt, trials=trials_d)
-            result["summary"].append(_search_line("training step (dgrad units)", trials_d, best_dt))
+            run_pass("training step (dgrad units)", train_objective, step_once, "dgrad",
+                     max(0.0, budget_s - (time.perf_counter() - t0)))
     finally:
         model.zero_grad(set_to_none=True)
     result["summary"].append(f"search took {time.perf_counter() - t0:.1f} s")
     _state["search"] = result
     return result
-
-
-def _search_line(what, trials, best_t):
-    singles = [(t, name) for name, t, _ in trials if name.startswith("single")]
-    best_single = min(singles) if singles else None
-    return (f"end-to-end {what}: per-layer choices {trials[0][1] * 1e3:.2f} ms, "
-            + (f"best single dataflow {best_single[0] * 1e3:.2f} ms ({best_single[1][7:]}), " if best_single else "")
-            + f"searched {best_t * 1e3:.2f} ms ({len(trials)} trials)")
 
 
 def main(argv=None):

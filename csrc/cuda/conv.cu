@@ -14,8 +14,15 @@
 **     algo.tile 6-10 asks for the wgmma kernels of conv_wgmma.cu, which exist
 **     in sm_90a builds (TORCH_CUDA_ARCH_LIST=9.0a) and run on sm_90 devices;
 **     elsewhere those tiles fall back to the mma.sync kernel;
-**   - everything else (float32, odd channels such as the 4-5 input channels of
-**     a LiDAR net, misaligned views): conv_simple.cu, correct for any shape.
+**   - float32 with algo.tile == TSP_TILE_TF32 (11; Python's default when
+**     torch.backends.cuda.matmul.allow_tf32 is set), both channel counts
+**     multiples of 4, 16-byte aligned operands, V <= 64, compute capability
+**     >= 8.0: tf32 tensor cores, fp32 accumulation (conv_tf32.cu for forward
+**     and dgrad, every dataflow; conv_wgrad.cu's kernel in tf32 for wgrad,
+**     whose own algo carries the tile);
+**   - everything else (float32 with any other tile: exact fp32; odd channels
+**     such as the 4-5 input channels of a LiDAR net, misaligned views):
+**     conv_simple.cu, correct for any shape.
 ** The dataflow of a tensor-core forward or dgrad is its list of segments
 ** (tsp_segment; torchsp/plan.py builds them: mask splits, weight-stationary,
 ** hybrid): one launch per segment, summed in an fp32 workspace, see
@@ -71,6 +78,11 @@ static int fast_dtype(tsp_dtype dtype) {
   return dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16;
 }
 
+/* float32 computed in tf32 on tensor cores: asked for by the pass's tile alone. */
+static int tf32_asked(tsp_dtype dtype, int tile) {
+  return dtype == TSP_FLOAT32 && tile == TSP_TILE_TF32;
+}
+
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
@@ -95,11 +107,12 @@ size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
   return partials > bytes ? partials : bytes;
 }
 
-typedef enum { OS_SIMPLE, OS_IGEMM, OS_WGMMA } os_kernel;
+typedef enum { OS_SIMPLE, OS_IGEMM, OS_WGMMA, OS_TF32 } os_kernel;
 
 static tsp_status os_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_launch *a,
                             int transposed_w, int tile) {
   if (kind == OS_WGMMA) return tsp_conv_wgmma_os(dtype, a, tile);
+  if (kind == OS_TF32) return tsp_conv_tf32_os(a, transposed_w);
   return tsp_conv_igemm_os(dtype, a, transposed_w, tile);
 }
 
@@ -129,6 +142,8 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
     kind = OS_WGMMA;
   else if (fast_dtype(dtype) && tsp_conv_igemm_check(dtype, &a) == TSP_OK)
     kind = OS_IGEMM;
+  else if (tf32_asked(dtype, tile) && tsp_conv_tf32_check(&a) == TSP_OK)
+    kind = OS_TF32;
   if (kind == OS_SIMPLE)
     return tsp_conv_simple_os(dtype, a.src, a.src_rows, a.w, a.map, rows, a.volume, a.red, n,
                               transposed_w, a.out, stream);
@@ -233,7 +248,8 @@ tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, cons
                           "tsp_conv_wgrad: zero dw");
   if (workspace_bytes < tsp_conv_cuda_workspace(prob)) return TSP_ERR_ARGUMENT;
   float *partials = (float *)workspace;
-  if (fast_dtype(prob->dtype) && tsp_device_cc() >= 80) {
+  if ((fast_dtype(prob->dtype) || tf32_asked(prob->dtype, prob->algo.tile)) &&
+      tsp_device_cc() >= 80) {
     s = tsp_conv_mma_wgrad(prob, x, dy, nbmap, dw, partials, st);
     if (s != TSP_ERR_UNSUPPORTED) return s;
   }

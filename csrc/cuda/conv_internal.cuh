@@ -1,6 +1,6 @@
 /*
 ** conv_internal.cuh: what the convolution files (conv.cu, conv_simple.cu,
-** conv_implicit_gemm.cu, conv_wgrad.cu) share: the launchers each kernel file
+** conv_implicit_gemm.cu, conv_tf32.cu, conv_wgrad.cu) share: the launchers each kernel file
 ** exports to conv.cu's dispatch, the element conversions, and the wgrad
 ** row-chunking rule that tsp_conv_cuda_workspace and every wgrad kernel must
 ** agree on.
@@ -161,6 +161,16 @@ typedef struct {
 ** multiples of 8, aligned operands, V <= 64, sm_80+), else TSP_ERR_UNSUPPORTED. */
 tsp_status tsp_conv_igemm_check(tsp_dtype dtype, const tsp_os_launch *a);
 tsp_status tsp_conv_igemm_os(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w, int tile);
+/* The tf32 kernel of conv_tf32.cu (float32 operands, algo.tile ==
+** TSP_TILE_TF32): TSP_OK when it takes this shape (red and n multiples of 4,
+** src and w 16-byte aligned, out 8-byte aligned, V <= 64, sm_80+), else
+** TSP_ERR_UNSUPPORTED (the caller runs conv_simple.cu, exact fp32). */
+tsp_status tsp_conv_tf32_check(const tsp_os_launch *a);
+tsp_status tsp_conv_tf32_os(const tsp_os_launch *a, int transposed_w);
+/* wgrad on tensor cores (conv_wgrad.cu): fp16/bf16 with channels multiples
+** of 8, or float32 in tf32 with channels multiples of 4 (the caller asks for
+** float32 only when algo.tile == TSP_TILE_TF32); x and dy 16-byte aligned.
+** TSP_ERR_UNSUPPORTED for other shapes (the caller falls back). */
 tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);

@@ -1,9 +1,10 @@
 /*
 ** conv_mma.cuh: the few PTX instructions the tensor-core convolution kernels
-** (conv_implicit_gemm.cu, conv_wgrad.cu) are built from, as inline functions:
-** cp.async 16-byte copies global -> shared with zero fill, ldmatrix (plain and
-** transposed) shared -> fragment registers, and mma.sync m16n8k16 with fp32
-** accumulators for fp16 and bf16.
+** (conv_implicit_gemm.cu, conv_tf32.cu, conv_wgrad.cu) are built from, as
+** inline functions: cp.async 16-byte copies global -> shared with zero fill,
+** ldmatrix (plain and transposed) shared -> fragment registers, mma.sync
+** m16n8k16 with fp32 accumulators for fp16 and bf16, and mma.sync m16n8k8
+** for tf32 (float32 inputs rounded by cvt.rna.tf32.f32).
 **
 ** Why mma.sync and not wgmma: the gathered A rows come from arbitrary input
 ** rows, so they land in shared memory through per-row cp.async anyway, and
@@ -19,6 +20,13 @@
 **   C (16x8, fp32):       c0,c1 (row l/4, cols 2(l%4)+{0,1}), c2,c3 row+8.
 ** ldmatrix gives lane l row l/4, cols 2(l%4)+{0,1} of each 8x8 matrix; with
 ** .trans, rows and columns swap, which is what a B (or A) stored K-major needs.
+** tf32 m16n8k8 ("Matrix Fragments for mma.m16n8k8", .tf32), g = l/4, t = l%4,
+** one 32-bit element per register:
+**   A (16x8, row major):  a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4);
+**   B (8x8, "col"):       b0 (k t, n g), b1 (k t+4, n g);
+**   C (16x8, fp32):       as for m16n8k16.
+** ldmatrix moves 16-bit units, so tf32 fragments come from plain 32-bit
+** shared loads (the kernels pick row pitches that keep them conflict free).
 */
 #ifndef TSP_CONV_MMA_CUH
 #define TSP_CONV_MMA_CUH
@@ -108,12 +116,42 @@ static __device__ __forceinline__ void tsp_mma16816(float c[4], const uint32_t a
 #endif
 }
 
+/* float32 -> tf32 (round to nearest, ties away from zero), as the b32 register
+** an m16n8k8 .tf32 operand takes.  NaN and infinities stay what they are. */
+static __device__ __forceinline__ uint32_t tsp_to_tf32(float v) {
+#ifndef TSP_MMA_UNAVAILABLE
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return r;
+#else
+  __trap();
+  return 0u;
+#endif
+}
+
+/* c += a * b, m16n8k8, tf32 operands (tsp_to_tf32), fp32 accumulators. */
+static __device__ __forceinline__ void tsp_mma1688_tf32(float c[4], const uint32_t a[4],
+                                                        const uint32_t b[2]) {
+#ifndef TSP_MMA_UNAVAILABLE
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+  __trap();
+#endif
+}
+
 /* Two fp32 accumulators -> one 4-byte store of two 16-bit elements. */
 static __device__ __forceinline__ void tsp_store2(__half *dst, float a, float b) {
   *(__half2 *)dst = __floats2half2_rn(a, b);
 }
 static __device__ __forceinline__ void tsp_store2(__nv_bfloat16 *dst, float a, float b) {
   *(__nv_bfloat162 *)dst = __floats2bfloat162_rn(a, b);
+}
+/* ... or one 8-byte store of two floats (float32 output: dst 8-byte aligned). */
+static __device__ __forceinline__ void tsp_store2(float *dst, float a, float b) {
+  *(float2 *)dst = make_float2(a, b);
 }
 
 #endif /* TSP_CONV_MMA_CUH */

@@ -1,11 +1,12 @@
 /*
-** conv_tile.cuh: the first phase that both output-stationary tensor-core
-** kernels (conv_implicit_gemm.cu: mma.sync, conv_wgmma.cu: wgmma) share: a
-** block of BM output rows reads its rows' map entries into shared memory and
-** lists the offsets that some row of the tile uses.
+** conv_tile.cuh: the first phase that the output-stationary tensor-core
+** kernels (conv_implicit_gemm.cu: mma.sync, conv_wgmma.cu: wgmma, both
+** fp16/bf16; conv_tf32.cu: mma.sync tf32 for float32) share: a block of BM
+** output rows reads its rows' map entries into shared memory and lists the
+** offsets that some row of the tile uses.
 **
 ** Why shared: the row order, the sanitising of map entries and the per-offset
-** 16-row-group masks must agree exactly between the two kernels, which are
+** 16-row-group masks must agree exactly between the kernels, which are
 ** tested against the same reference.
 **
 ** Output, all in shared memory (tsp_tile_smem, after the kernel's operand
@@ -143,7 +144,7 @@ static __device__ __forceinline__ void tsp_tile_offsets(
 }
 
 /* Write two adjacent sums (col even) of tile row r as `mode` says (TSP_EPI_*):
-** out is [rows, n] of T, accum [rows, n] fp32; idx = r * n + col. */
+** out is [rows, n] of T (fp16, bf16 or float), accum [rows, n] fp32; idx = r * n + col. */
 template <typename T>
 static __device__ __forceinline__ void tsp_tile_write2(int mode, T *__restrict__ out,
                                                        float *__restrict__ accum, int64_t idx,
@@ -152,7 +153,7 @@ static __device__ __forceinline__ void tsp_tile_write2(int mode, T *__restrict__
     tsp_store2(out + idx, a, b);
     return;
   }
-  float2 *p = (float2 *)(accum + idx); /* n is a multiple of 8: 8-byte aligned */
+  float2 *p = (float2 *)(accum + idx); /* n and col even: 8-byte aligned */
   if (mode == TSP_EPI_ACC_INIT) {
     *p = make_float2(a, b);
     return;
