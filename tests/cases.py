@@ -168,6 +168,29 @@ def reference(case, x_feats, in_coords, weight, out_coords, bias=None):
                           transposed=case.transposed, bias=None if bias is None else bias.cpu())
 
 
+_REF_CACHE = {}
+
+
+def reference_grads(case, x_feats, in_coords, weight, out_coords, grad):
+    """(y, dx, dw): the dense float64 reference and its autograd for grad, memoised on the exact
+    input values.  Why: the dataflow sweeps (tests/test_dataflows.py, tests/test_tf32.py) ask for
+    the same reference once per dataflow, and the fp64 dense conv is most of their time."""
+    import hashlib
+    h = hashlib.sha1(case.name.encode())
+    for t in (x_feats, in_coords, weight, out_coords, grad):
+        t = t.detach().cpu()
+        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        h.update((t.double() if t.is_floating_point() else t.long()).contiguous().numpy().tobytes())
+    key = h.hexdigest()
+    if key not in _REF_CACHE:
+        rf = x_feats.detach().cpu().double().requires_grad_()
+        rw = weight.detach().cpu().double().requires_grad_()
+        want = reference(case, rf, in_coords, rw, out_coords)
+        want.backward(grad.detach().cpu().double())
+        _REF_CACHE[key] = (want.detach(), rf.grad, rw.grad)
+    return _REF_CACHE[key]
+
+
 def kmap_args(case):
     """(step, sign) of the case's offsets: forward convs step = t, sign +1; transposed step = t/s, sign -1."""
     if case.transposed:

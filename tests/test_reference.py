@@ -9,6 +9,8 @@ against brute-force enumeration of q = p - delta_k.
 import pytest
 import torch
 
+import torchsp
+
 import reference as ref
 from cases import CASES, CASE_IDS, case_coords, padding_of
 from conftest import random_coords, randn
@@ -102,3 +104,25 @@ def test_dense_equals_gather(case):
     if case.regime not in ("submanifold", "floor", "transposed"):
         # every active output reads at least one input (DESIGN.md's definition of the site set)
         assert bool((nbmap >= 0).any(1).all())
+
+
+def test_reference_grads_memo_is_keyed_on_values():
+    """The memoised dense reference (tests/cases.py) equals a fresh computation, and any changed
+    input value gives a fresh one, not the cached result."""
+    from cases import BY_NAME, build, reference, reference_grads
+    case = BY_NAME["sub_k3"]
+    x, _ = build(case, cin=4, seed=11)
+    w = torch.randn(case.volume(), 4, 6, dtype=torch.float64)
+    y = torchsp.functional.sparse_conv3d(x, w, **case.conv_kwargs())
+    g = torch.randn_like(y.feats)
+    got = reference_grads(case, x.feats, x.coords, w, y.coords, g)
+    rf, rw = x.feats.clone().requires_grad_(), w.clone().requires_grad_()
+    want = reference(case, rf, x.coords, rw, y.coords)
+    want.backward(g)
+    for a, b in zip(got, (want, rf.grad, rw.grad)):
+        assert torch.equal(a, b)
+    assert reference_grads(case, x.feats, x.coords, w, y.coords, g) is got
+    g2 = g.clone()
+    g2[0, 0] += 1.0
+    other = reference_grads(case, x.feats, x.coords, w, y.coords, g2)
+    assert not torch.equal(other[2], got[2])

@@ -27,7 +27,7 @@ import torch
 
 import reference as ref
 import torchsp
-from cases import BY_NAME, build, reference
+from cases import BY_NAME, build, reference_grads
 from conftest import CUDA, crop_voxels, load_lidar, poison_cuda_cache, randn
 from torchsp import tune
 from torchsp.plan import TF32_TILE, pass_plan, segmented, takes_segments
@@ -151,14 +151,11 @@ def test_tf32_dataflow_vs_dense(case, name):
     y_coords = F.sparse_conv3d(x, w, algo=EXACT_ALGO, **kw).coords
     g = randn(y_coords.shape[0], cout, seed=5, dtype=torch.float32, device="cuda")
     y, dx, dw = _train_step(x, w, g, (a, a, WGRAD), **kw)
-    rf = x.feats.detach().cpu().double().requires_grad_()
-    rw = w.detach().cpu().double().requires_grad_()
-    want = reference(case, rf, x.coords, rw, y_coords.cpu())
-    want.backward(g.cpu().double())
+    want, want_dx, want_dw = reference_grads(case, x.feats, x.coords, w, y_coords, g)
     os_tf32 = case.volume() <= 64
     _check(y, want, os_tf32, "fwd")
-    _check(dx, rf.grad, os_tf32, "dgrad")
-    _check(dw, rw.grad, True, "wgrad")
+    _check(dx, want_dx, os_tf32, "dgrad")
+    _check(dw, want_dw, True, "wgrad")
 
 
 @needs_cuda
