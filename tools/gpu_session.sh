@@ -28,14 +28,15 @@ stage_build() {
 
 stage_test() {
   # One pytest per file, four at a time, so that a crash in one file cannot hide
-  # the others.  TEST_K (default: the CUDA cases; the CPU half runs in CI) selects.
+  # the others.  TEST_K (default: the CUDA cases; the CPU half and the CPU float64
+  # gradchecks, 2-6 min here, run in CI) selects.
   # pytest-timeout (carried wheel) turns a hung test into a traceback naming it.
   local t=$SECONDS
   python3 -c "import pytest_timeout" 2>/dev/null || pip install -q --no-index --find-links "${WHEELS:-.gl/wheels}" pytest-timeout > /dev/null 2>&1
   python3 -c "import pytest_timeout" 2>/dev/null && export TSP_PYTEST_TIMEOUT="--timeout ${TEST_TIMEOUT:-150}"
   mkdir -p /tmp/tlogs && rm -f /tmp/tlogs/*
   ls ${TEST_FILES:-tests/test_*.py} | grep -v "${TEST_SKIP_FILES:-test_examples}" | xargs -P ${TEST_JOBS:-4} -I{} sh -c \
-    'python3 -X faulthandler -m pytest -q -rf -p no:cacheprovider --durations=3 ${TSP_PYTEST_TIMEOUT:-} -k "${TEST_K:-not cpu}" "{}" > /tmp/tlogs/$(basename "{}").log 2>&1; echo "rc=$?" >> /tmp/tlogs/$(basename "{}").log'
+    'python3 -X faulthandler -m pytest -q -rf -p no:cacheprovider --durations=3 ${TSP_PYTEST_TIMEOUT:-} -k "${TEST_K:-not cpu and not gradcheck}" "{}" > /tmp/tlogs/$(basename "{}").log 2>&1; echo "rc=$?" >> /tmp/tlogs/$(basename "{}").log'
   : > "$OUT/tests.log"
   for f in /tmp/tlogs/*.log; do
     cat "$f" >> "$OUT/tests.log"
@@ -51,7 +52,7 @@ stage_testx() {
   local t=$SECONDS
   python3 -c "import xdist" 2>/dev/null || pip install -q --no-index --find-links "${WHEELS:-.gl/wheels}" pytest-xdist > /dev/null 2>&1
   if ! python3 -c "import xdist" 2>/dev/null; then note "testx: no pytest-xdist, running stage_test"; stage_test; return; fi
-  python3 -m pytest -q -rf -p no:cacheprovider -n ${TEST_WORKERS:-14} -k "${TEST_K:-not cpu}" \
+  python3 -m pytest -q -rf -p no:cacheprovider -n ${TEST_WORKERS:-14} -k "${TEST_K:-not cpu and not gradcheck}" \
     --ignore=tests/test_examples.py ${TEST_FILES:-tests} > "$OUT/tests.log" 2>&1
   note "testx: rc=$? $(tail -1 "$OUT/tests.log" | cut -c1-150) ($((SECONDS - t)) s)"
   grep -E "^(FAILED|ERROR)|Fatal Python" "$OUT/tests.log" | head -30 | tee -a "$summary"

@@ -11,8 +11,8 @@ depends on channels and rows (TorchSparse++, Spira).  So torchsp measures.
   and takes the fastest candidate whose output matches the reference
   candidate (the first in the list) within tolerance.
 - tune(model, inputs) then refines the per-layer choices against the time of the
-  whole model (torchsp/tune_search.py: TorchSparse++'s greedy search, never worse than
-  the best single dataflow it measured, finalists re-measured in interleaved rounds);
+  whole model (torchsp/tune_search.py: TorchSparse++'s greedy search starting from the
+  best single dataflow it measured, finalists re-measured in interleaved rounds);
   per-layer rankings are kept in the cache entries for that search.
 - Choices are cached in memory and on disk (a JSON file under
   ~/.cache/torchsp/, or $TORCHSP_CACHE_DIR), keyed by device name, torchsp
