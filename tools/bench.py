@@ -242,18 +242,24 @@ def main():
                     else:
                         rec["err"] = f"{rel_err(y, y_ref):.1e}"
                     rec["fwd_us"] = timeit(lambda: conv(x.feats, w), args.iters, args.warmup, device)
-                    a = algo if algo is not None else [0, 0, 0, 0]
-                    order, segs = pass_plan(km, "fwd", a, ConvGeometry(K, **kw), dtype)
-                    order_t, segs_t = pass_plan(km, "dgrad", a, ConvGeometry(K, **kw), dtype)
+                    geom = ConvGeometry(K, **kw)
+                    # "auto": the ops below run the tuner's choices for this layer, per pass
+                    fa, da, wa = ((algo, algo, algo) if algo is not None else
+                                  (torchsp.tune.choose_algo(x, km, geom, w) or [[0, 0, 0, 0]] * 3))
+                    rec["algos"] = [fa, da, wa]
+                    if algo is None:
+                        rec["note"] = f"tuned fwd {fa} dgrad {da} wgrad {wa}"
+                    order, segs = pass_plan(km, "fwd", fa, geom, dtype)
+                    order_t, segs_t = pass_plan(km, "dgrad", da, geom, dtype)
                     # the op alone (no Python layer): where the Python call is CPU-bound, this
                     # is the GPU time of the forward
                     rec["fwd_op_us"] = timeit(lambda: torch.ops.torchsp.conv_fwd(
-                        x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t),
+                        x.feats, w, km.nbmap, km.nbmap_t, fa, da, wa, order, order_t, segs, segs_t),
                         args.iters, args.warmup, device)
-                    rec["dgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, a, order_t,
+                    rec["dgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, da, order_t,
                                                                                   segs_t),
                                              args.iters, args.warmup, device)
-                    rec["wgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, a),
+                    rec["wgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, wa),
                                              args.iters, args.warmup, device)
                 xf = x.feats.detach().clone().requires_grad_(True)
                 wg = w.detach().clone().requires_grad_(True)
