@@ -39,3 +39,26 @@ def test_export_reloads_in_fresh_process():
 def test_ddp_gradients_match_single_process():
     out = run_example("ddp.py", "--voxel-size", "0.8")
     assert "gradients match: True" in out
+
+
+def _run_tool(name, *args, timeout=400):
+    env = dict(os.environ, OMP_NUM_THREADS="2", TORCHSP_CACHE_DIR=os.path.join(REPO, "build", "tool_test_cache"))
+    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", name), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_bench_tools_run_on_cpu():
+    """The benchmark tools' CPU smoke tests (the GPU runs use the same code paths)."""
+    data = [os.path.join(REPO, "..", "shared", "data", "lidar_198k.npz"),
+            os.path.join(REPO, "shared", "data", "lidar_198k.npz")]
+    if not any(os.path.exists(p) for p in data):
+        pytest.skip("needs shared/data/lidar_198k.npz")
+    out = _run_tool("bench.py", "--device", "cpu", "--dtype", "fp32", "--voxel-scale", "20", "--iters", "1",
+                    "--warmup", "0", "--peers", "none", "--layers", "subm3_c32", "--algos", "0", "auto")
+    assert "torchsp auto" in out and "tuned fwd" in out and "# compact" in out
+    out = _run_tool("bench_models.py", "--device", "cpu", "--dtype", "float32", "--voxel-size", "1.0",
+                    "--repeats", "1", "--models", "resnet21d", "--fixed", "os-sorted")
+    assert "search: end-to-end forward" in out and "ratio" in out
