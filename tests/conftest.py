@@ -85,6 +85,31 @@ def crop_voxels(points, lo, hi, voxel, batch=0):
     return torch.cat([torch.full((c.shape[0], 1), batch, dtype=torch.int64), c], 1).int()
 
 
+def lidar_crop():
+    """The real-scan crop of the dataflow sweeps: 12 x 12 x 5 m of lidar_198k at 0.1 m, batch 0."""
+    return crop_voxels(load_lidar(), lo=(-6.0, -6.0, -2.0), hi=(6.0, 6.0, 3.0), voxel=0.1, batch=0)
+
+
+def real_scan_layer(coords, geom, cin, cout, dtype, device="cuda"):
+    """One layer on real coordinates with its independent float64 references.
+
+    Returns (x SparseTensor [N, cin], KernelMap, out coords [M, 4], w [V, cin, cout], dy [M, cout],
+    ref_map [M, V] (the slow reference kernel map, asserted equal to torchsp's), want_y [M, cout],
+    want_dx [N, cin]): the gather references of forward and dgrad on ref_map.
+    """
+    import reference as ref
+    import torchsp
+    x = torchsp.SparseTensor(randn(coords.shape[0], cin, dtype=dtype, device=device, seed=1), coords)
+    km, out, _, _ = torchsp.kmap.get_kernel_map(x, geom)
+    ref_map = ref.kernel_map(coords.cpu(), out.cpu(), geom.kernel_size, geom.dilation, geom.padding, (1, 1, 1))
+    assert torch.equal(km.nbmap.cpu().long(), ref_map)
+    w = randn(km.nbmap.shape[1], cin, cout, dtype=dtype, device=device, seed=2, scale=0.1)
+    dy = randn(out.shape[0], cout, dtype=dtype, device=device, seed=3)
+    want_y = ref.gather_conv(x.feats.cpu(), ref_map, w.cpu())
+    want_dx = ref.gather_conv(dy.cpu(), ref.transpose_map(ref_map, coords.shape[0]), w.cpu().transpose(1, 2))
+    return x, km, out, w, dy, ref_map, want_y, want_dx
+
+
 def poison_cuda_cache():
     """Fill freed blocks of the caching allocator with NaN: workspaces and outputs reuse them."""
     for kb in (65536, 8192, 1024, 256, 64, 16):

@@ -16,7 +16,7 @@ import torch
 import reference as ref
 import torchsp
 from cases import CASES, build, reference_grads
-from conftest import CUDA, crop_voxels, load_lidar, poison_cuda_cache, randn, rel_err
+from conftest import CUDA, lidar_crop, poison_cuda_cache, randn, real_scan_layer, rel_err
 from torchsp.plan import _build, pass_plan
 
 F = torchsp.functional
@@ -134,26 +134,15 @@ def test_dataflow_vs_dense(case, name, dtype):
     assert rel_err(wp.grad, want_dw) <= 2 * tol
 
 
-def _lidar_crop():
-    return crop_voxels(load_lidar(), lo=(-6.0, -6.0, -2.0), hi=(6.0, 6.0, 3.0), voxel=0.1, batch=0)
-
-
 @needs_cuda
 @pytest.mark.parametrize("cin,cout", [(16, 32), (64, 64), (96, 136), (128, 384), (256, 128)])
 def test_dataflow_real_scan(cin, cout):
     """A real LiDAR crop (submanifold 3x3x3 and stride-2 K=2): fwd and dgrad of every dataflow
     against the fp64 gather reference on the reference kernel map, and bitwise stable run to run."""
-    c = _lidar_crop().cuda()
+    c = lidar_crop().cuda()
     dtype = torch.float16
     for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
-        x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c)
-        km, out, _, _ = torchsp.kmap.get_kernel_map(x, geom)
-        ref_map = ref.kernel_map(c.cpu(), out.cpu(), geom.kernel_size, geom.dilation, geom.padding, (1, 1, 1))
-        assert torch.equal(km.nbmap.cpu().long(), ref_map)
-        w = randn(km.nbmap.shape[1], cin, cout, dtype=dtype, device="cuda", seed=2, scale=0.1)
-        dy = randn(out.shape[0], cout, dtype=dtype, device="cuda", seed=3)
-        want_y = ref.gather_conv(x.feats.cpu(), ref_map, w.cpu())
-        want_dx = ref.gather_conv(dy.cpu(), ref.transpose_map(ref_map, c.shape[0]), w.cpu().transpose(1, 2))
+        x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(c, geom, cin, cout, dtype)
         for name, a in DATAFLOWS.items():
             order, segs = pass_plan(km, "fwd", a, geom)
             order_t, segs_t = pass_plan(km, "dgrad", a, geom)
@@ -203,7 +192,7 @@ def test_dataflow_worst_cases(name, shape):
 @needs_cuda
 def test_dataflow_nan_propagates():
     """A NaN input feature reaches exactly the outputs that read it, in every dataflow."""
-    c = _lidar_crop()[:3000].cuda()
+    c = lidar_crop()[:3000].cuda()
     x = randn(c.shape[0], 32, dtype=torch.float16, device="cuda", seed=1)
     x[17, 5] = float("nan")
     st = torchsp.SparseTensor(x, c)

@@ -10,10 +10,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--voxel-size", "0.8", "--half-width", "10"]
 
 
-def run_example(name, *args, timeout=240):
-    env = dict(os.environ, OMP_NUM_THREADS="2")
+def run_example(name, *args, timeout=240, folder="examples", **env_extra):
+    env = dict(os.environ, OMP_NUM_THREADS="2", **env_extra)
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "examples", name), *args], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, os.path.join(REPO, folder, name), *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
@@ -41,13 +41,9 @@ def test_ddp_gradients_match_single_process():
     assert "gradients match: True" in out
 
 
-def _run_tool(name, *args, timeout=400):
-    env = dict(os.environ, OMP_NUM_THREADS="2", TORCHSP_CACHE_DIR=os.path.join(REPO, "build", "tool_test_cache"))
-    env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tools", name), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
+def _run_tool(name, *args):
+    return run_example(name, *args, timeout=400, folder="tools",
+                       TORCHSP_CACHE_DIR=os.path.join(REPO, "build", "tool_test_cache"))
 
 
 def test_bench_tools_run_on_cpu():

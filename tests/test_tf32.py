@@ -28,7 +28,7 @@ import torch
 import reference as ref
 import torchsp
 from cases import BY_NAME, build, reference_grads
-from conftest import CUDA, crop_voxels, load_lidar, poison_cuda_cache, randn
+from conftest import CUDA, lidar_crop, poison_cuda_cache, randn, real_scan_layer
 from torchsp import tune
 from torchsp.plan import TF32_TILE, pass_plan, segmented, takes_segments
 
@@ -85,10 +85,6 @@ def matmul_precision():
 def untuned(monkeypatch):
     """The default algorithm, not a tuned choice: the tuner is off during the test."""
     monkeypatch.setitem(tune._state, "mode", "off")
-
-
-def _lidar_crop():
-    return crop_voxels(load_lidar(), lo=(-6.0, -6.0, -2.0), hi=(6.0, 6.0, 3.0), voxel=0.1, batch=0)
 
 
 def _train_step(x, w, g, algo, **conv_kwargs):
@@ -164,17 +160,10 @@ def test_tf32_real_scan(cin, cout):
     """A real LiDAR crop (submanifold 3x3x3 and stride-2 K=2): fwd and dgrad of every dataflow and
     wgrad on tile 11 against the float64 gather references on the reference kernel map, segmented
     plans built for float32, and every result bitwise equal run to run."""
-    c = _lidar_crop().cuda()
+    c = lidar_crop().cuda()
     dt = torch.float32
     for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
-        x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dt, device="cuda", seed=1), c)
-        km, out, _, _ = torchsp.kmap.get_kernel_map(x, geom)
-        ref_map = ref.kernel_map(c.cpu(), out.cpu(), geom.kernel_size, geom.dilation, geom.padding, (1, 1, 1))
-        assert torch.equal(km.nbmap.cpu().long(), ref_map)
-        w = randn(km.nbmap.shape[1], cin, cout, dtype=dt, device="cuda", seed=2, scale=0.1)
-        dy = randn(out.shape[0], cout, dtype=dt, device="cuda", seed=3)
-        want_y = ref.gather_conv(x.feats.cpu(), ref_map, w.cpu())
-        want_dx = ref.gather_conv(dy.cpu(), ref.transpose_map(ref_map, c.shape[0]), w.cpu().transpose(1, 2))
+        x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(c, geom, cin, cout, dt)
         want_dw = ref.gather_wgrad(x.feats.cpu(), ref_map, dy.cpu())
         poison_cuda_cache()
         dw = ops.conv_wgrad(x.feats, dy, km.nbmap, WGRAD)
@@ -303,7 +292,7 @@ def test_tf32_tuner_keeps_to_tile_11(tmp_path, monkeypatch, matmul_precision):
     monkeypatch.setitem(tune._state, "verbose", False)
     tune.clear(memory_only=True)
     try:
-        c = _lidar_crop()[:4000].cuda()
+        c = lidar_crop()[:4000].cuda()
         x = torchsp.SparseTensor(randn(c.shape[0], 32, dtype=torch.float32, device="cuda", seed=1), c)
         w = randn(27, 32, 32, dtype=torch.float32, device="cuda", seed=2, scale=0.05)
         geom = torchsp.kmap.ConvGeometry(3)
@@ -327,7 +316,7 @@ def test_tf32_nan_propagates():
     """A NaN input feature reaches exactly the outputs that read it (forward, every dataflow),
     a NaN output gradient exactly the input gradients that read it (dgrad), and a NaN x[p, c]
     exactly the weight-gradient entries dw[k, c, :] of the offsets k that pair p (wgrad)."""
-    c = _lidar_crop()[:3000].cuda()
+    c = lidar_crop()[:3000].cuda()
     x = randn(c.shape[0], 32, dtype=torch.float32, device="cuda", seed=1)
     x[17, 5] = float("nan")
     st = torchsp.SparseTensor(x, c)

@@ -660,31 +660,23 @@ def _search(model, sample, seen, train, loss_fn, budget_s, repeat, verbose):
             f"end-to-end {name}: {len(trials)} trials; interleaved medians "
             + ", ".join(f"{n} {t * 1e3:.2f} ms" for n, t in med.items()) + f"; kept {win}")
 
-    def fwd_once(cfg):
-        apply(cfg)
-        return _time_model(forward, device, 1)
-
-    def step_once(cfg):
-        apply(cfg)
-        t = _time_model(step, device, 1)
-        model.zero_grad(set_to_none=True)
-        return t
+    def timer(fn, n):
+        """config -> median seconds of n calls of fn under it (gradients cleared after)."""
+        def measure(cfg):
+            apply(cfg)
+            t = _time_model(fn, device, n)
+            model.zero_grad(set_to_none=True)
+            return t
+        return measure
 
     result = {"summary": []}
     t0 = time.perf_counter()
     try:
         with torch.no_grad():
-            run_pass("forward", lambda cfg: (apply(cfg), _time_model(forward, device, repeat))[1], fwd_once,
-                     "fwd", budget_s * (0.4 if train else 1.0))
+            run_pass("forward", timer(forward, repeat), timer(forward, 1), "fwd", budget_s * (0.4 if train else 1.0))
         if train:
             model.train()
-
-            def train_objective(cfg):
-                apply(cfg)
-                t = _time_model(step, device, repeat)
-                model.zero_grad(set_to_none=True)
-                return t
-            run_pass("training step (dgrad units)", train_objective, step_once, "dgrad",
+            run_pass("training step (dgrad units)", timer(step, repeat), timer(step, 1), "dgrad",
                      max(0.0, budget_s - (time.perf_counter() - t0)))
     finally:
         model.zero_grad(set_to_none=True)
