@@ -242,7 +242,7 @@ def test_mask_order_is_sorted_permutation(device):
 @pytest.mark.parametrize("cin,cout", [(16, 32), (72, 136), (264, 136), (136, 256)])
 def test_row_order_any_permutation(dtype, cin, cout):
     """Tensor-core fwd/dgrad walk rows in `order`: mask order, a random permutation, map order
-    (None) and threshold -1, with every tile shape (6-10: wgmma on sm_90a builds, else the
+    (None) and threshold -1, with every tile shape (6-10, 12-13: wgmma on sm_90a builds, else the
     mma.sync fallback), all match the fp64 gather reference."""
     c, out, nbmap, nbmap_t = _maps("cuda", n=3000, seed=6)
     x = randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1)
@@ -261,11 +261,14 @@ def test_row_order_any_permutation(dtype, cin, cout):
     for name, (o, ot) in orders.items():
         for a in ([0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 1, 0, -1], [0, 2, 0, -1],
                   [0, 3, 0, 0], [0, 4, 0, 0], [0, 5, 0, 0], [0, 6, 0, 0], [0, 7, 0, 0], [0, 6, 0, -1],
-                  [0, 8, 0, 0], [0, 9, 0, 0], [0, 10, 0, 0]):
+                  [0, 8, 0, 0], [0, 9, 0, 0], [0, 10, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0]):
             y = ops.conv_fwd(x, w, nbmap, nbmap_t, a, a, a, o, ot)
             assert rel_err(y, want_y) <= tol, (name, a)
             dx = ops.conv_dgrad(dy, w, nbmap_t, a, ot)
             assert rel_err(dx, want_dx) <= tol, (name, a)
+    # wgrad: 128 x 128 tiles when both channel counts are >= 128, else 64 x 64 or 32 x 32
+    dw = ops.conv_wgrad(x, dy, nbmap, [0, 0, 0, 0])
+    assert rel_err(dw, ref.gather_wgrad(x.cpu(), nbmap.cpu().long(), dy.cpu())) <= tol
 
 
 def test_row_order_bad_shape(device):

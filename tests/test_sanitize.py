@@ -82,9 +82,10 @@ def _assert_close(y, dx, ref_y, ref_dx):
     assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
 
 
-@pytest.mark.parametrize("tile", [0, 2, 7, 9])
+@pytest.mark.parametrize("tile", [0, 2, 3, 7, 9, 12, 13])
 def test_tensor_core_tiles(tile):
-    """Every tensor-core tile family (mma.sync 0/2, wgmma 7/9 on sm_90a builds, else mma.sync)
+    """Every tensor-core tile family (mma.sync 2/3, wgmma 7/9 and swizzled 12/13 on sm_90a builds,
+    else mma.sync; 0 resolves to one of them)
     under the sanitizers: mask-sorted rows, a partial last tile, Cout > 128, fwd and dgrad."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=11)
     km = torchsp.kmap.get_kernel_map(x, 3)[0]
@@ -92,6 +93,29 @@ def test_tensor_core_tiles(tile):
     y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
     dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, km.order_t)
     _assert_close(y, dx, ref_y, ref_dx)
+
+
+def test_wide_tiles():
+    """128 -> 136 channels: tile 0 resolves to the swizzled wgmma kernel on sm_90a builds (else
+    mma.sync) in forward and dgrad, and wgrad takes its 8-warp 128 x 128 tiles."""
+    coords = _coords(700, seed=5)
+    feats = torch.randn(coords.shape[0], 128, dtype=torch.float64)
+    w = torch.randn(27, 128, 136, dtype=torch.float64) / 30
+    km = torchsp.kmap.get_kernel_map(torchsp.SparseTensor(feats, coords), 3)[0]
+    g = torch.linspace(-1, 1, coords.shape[0] * 136, dtype=torch.float64).reshape(-1, 136)
+    a = [0, 0, 0, 0]
+    want = (torch.ops.torchsp.conv_fwd(feats, w, km.nbmap, km.nbmap_t, a, a, a, None, None),
+            torch.ops.torchsp.conv_dgrad(g, w, km.nbmap_t, a, None),
+            torch.ops.torchsp.conv_wgrad(feats, g, km.nbmap, a))
+    x16 = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
+    kc = torchsp.kmap.get_kernel_map(x16, 3)[0]
+    w16, g16 = w.to("cuda", torch.float16), g.to("cuda", torch.float16)
+    got = (torch.ops.torchsp.conv_fwd(x16.feats, w16, kc.nbmap, kc.nbmap_t, a, a, a, kc.order, kc.order_t),
+           torch.ops.torchsp.conv_dgrad(g16, w16, kc.nbmap_t, a, kc.order_t),
+           torch.ops.torchsp.conv_wgrad(x16.feats, g16, kc.nbmap, a))
+    torch.cuda.synchronize()
+    for name, u, v in zip(("fwd", "dgrad", "wgrad"), want, got):
+        assert (v.double().cpu() - u).norm() / u.norm() < 1e-2, name
 
 
 @pytest.mark.parametrize("algo", [[0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 2], [1, 9, 0, 0], [2, 9, 0, 1]],

@@ -11,9 +11,10 @@
 **   - fp16 / bf16, both channel counts multiples of 8, 16-byte aligned
 **     operands, V <= 64, compute capability >= 8.0: tensor cores
 **     (conv_implicit_gemm.cu for forward and dgrad, conv_wgrad.cu for wgrad);
-**     algo.tile 6-10 asks for the wgmma kernels of conv_wgmma.cu, which exist
-**     in sm_90a builds (TORCH_CUDA_ARCH_LIST=9.0a) and run on sm_90 devices;
-**     elsewhere those tiles fall back to the mma.sync kernel;
+**     algo.tile 6-10 and 12-13 ask for the wgmma kernels of conv_wgmma.cu,
+**     which exist in sm_90a builds (TORCH_CUDA_ARCH_LIST=9.0a) and run on
+**     sm_90 devices; elsewhere those tiles fall back to the mma.sync kernel;
+**     tile 0 picks between them (resolve_tile), tile 3 is mma.sync's default;
 **   - float32 with algo.tile == TSP_TILE_TF32 (11; Python's default when
 **     torch.backends.cuda.matmul.allow_tf32 is set), both channel counts
 **     multiples of 4, 16-byte aligned operands, V <= 64, compute capability
@@ -33,21 +34,23 @@
 ** float64 is TSP_ERR_UNSUPPORTED (the CPU kernels serve gradcheck).
 **
 ** Measured (H100, tools/bench.py, fp16, lidar_198k.npz, map cached, CUDA
-** events around the Python call, median of 50, us; floor of DESIGN.md 7;
-** 2026-11-23, sm_90a build):
-**     layer        nb/row  floor  fwd sorted  fwd unsorted  wgmma tile 9  dgrad sorted  wgrad
-**     subm3 C32      3.5    13.6       73          94           108            75         91
-**     subm3 C64      3.5    21.1      135         196           145           140        133
-**     subm3 C128     6.3    32.7      329         512           323           330        348
-**     subm3 C256     6.3   130.9     1105        1950          1038          1085       1285
-**     down3 C128     3.1    27.6      270         584           267           127        232
+** events, median of 50, us; floor of DESIGN.md 7; 2026-11-23, sm_90a build;
+** "fwd op" times torch.ops.torchsp.conv_fwd alone):
+**     layer        nb/row  floor  fwd op tile 0  tile 3 (mma.sync)  dgrad  wgrad  fwd+bwd  FlexGEMM fwd / fwd+bwd
+**     subm3 C32      3.5    13.6        72             72            73     90      607        419 / 1284
+**     subm3 C64      3.5    21.1       114            137           110    134      509        230 /  769
+**     subm3 C128     6.3    32.7       267            317           258    219      762        249 /  831
+**     subm3 C256     6.3   130.9       700           1040           682    685     2120        608 / 1660
+** (tile 0 is wgmma tile 13, 12, 13 at C = 64, 128, 256 and mma.sync at
+** C = 32; wgrad 128 x 128 tiles at C >= 128.  The same table before the
+** swizzled tiles: fwd 138 / 322 / 1040, wgrad 133 / 348 / 1293 at C = 64 /
+** 128 / 256.)
 ** Reading a sorted tile's map rows with independent loads (conv_tile.cuh)
 ** took C = 32 from 104 to 73 us and C = 64 from 161 to 135.  At C >= 128
-** every kernel variant (mma.sync 32x64 or 64x64 warps, BK 32 or 64, wgmma
-** with 128- or 256-row tiles, pipelined or not) lands within 10% of the
-** others, with ncu reporting the L2 ~78% busy (3.4-3.8 TB/s of L2 traffic):
-** the per-(tile, offset) weight reloads and gathers, not the tensor cores
-** (23-30% busy), bound them.  Segmented dataflows, same tool (2026-11-23,
+** every unswizzled kernel variant (mma.sync 32x64 or 64x64 warps, BK 32 or
+** 64, wgmma with 128- or 256-row tiles, pipelined or not) landed within 10%
+** of the others, with ncu reporting the L2 ~78% busy (3.4-3.8 TB/s of L2
+** traffic); the swizzled wgmma tiles halve that traffic (conv_wgmma.cu).  Segmented dataflows, same tool (2026-11-23,
 ** fwd us at C = 32 / 64 / 128 / 256): mask splits S = 2 130 / 236 / 356 /
 ** 957 (the only win: 7% at C = 256), weight-stationary 461 / 744 / 983 /
 ** 2068, hybrid t = 3 205 / 362 / 514 / 1249: on this scan the fp32 partial
@@ -72,10 +75,22 @@ static tsp_status check_problem(const tsp_conv_problem *p) {
 static size_t element_bytes(tsp_dtype dtype) { return dtype == TSP_FLOAT32 ? 4 : 2; }
 
 /* algo.tile values served by conv_wgmma.cu (sm_90a builds); others by conv_implicit_gemm.cu. */
-static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 10; }
+static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 13 && tile != TSP_TILE_TF32; }
 
 static int fast_dtype(tsp_dtype dtype) {
   return dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16;
+}
+
+/* algo.tile 0 ("the kernel's default") of an fp16/bf16 pass with red input and
+** n produced channels: the swizzled wgmma tiles where they measured fastest
+** (sm_90a build on an sm_90 device, both channel counts >= 64; H100,
+** lidar_198k, fwd us, tile 0 mma.sync / 12 / 13: C = 64 139 / 126 / 115,
+** C = 128 324 / 265 / 280, C = 256 1048 / 810 / 696), else mma.sync, which
+** stays faster at C = 32 (72 vs 114 us for wgmma tile 9). */
+static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int tile) {
+  if (tile != 0 || !fast_dtype(dtype) || red < 64 || n < 64 || !tsp_conv_wgmma_available())
+    return tile;
+  return (n > 64 && n <= 128) || n > 256 ? 12 : 13;
 }
 
 /* float32 computed in tf32 on tensor cores: asked for by the pass's tile alone. */
@@ -87,9 +102,10 @@ static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
 ** of w, then (segmented plans) fp32 partial sums [rows, n]. */
-static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t n, int n_segs) {
+static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n, int n_segs) {
   size_t bytes = 0;
-  if (is_wgmma_tile(p->algo.tile)) bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
+  if (is_wgmma_tile(resolve_tile(p->dtype, red, n, p->algo.tile)))
+    bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0) bytes += (size_t)(rows * n) * sizeof(float);
   return bytes;
 }
@@ -98,8 +114,8 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t n, i
 ** forward (segs), dgrad (segs_t) and wgrad's fp32 partials, whichever is set. */
 size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
-  size_t bytes = os_workspace(prob, prob->n_out, prob->c_out, prob->n_segs);
-  const size_t dgrad = os_workspace(prob, prob->n_in, prob->c_in, prob->n_segs_t);
+  size_t bytes = os_workspace(prob, prob->n_out, prob->c_in, prob->c_out, prob->n_segs);
+  const size_t dgrad = os_workspace(prob, prob->n_in, prob->c_out, prob->c_in, prob->n_segs_t);
   if (dgrad > bytes) bytes = dgrad;
   const int64_t chunks = tsp_wgrad_chunks(prob);
   if (chunks <= 1) return bytes;
@@ -137,6 +153,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
                                           stream),
                           "tsp_conv: zero output");
   tsp_os_launch a = *base;
+  tile = resolve_tile(dtype, a.red, n, tile);
   os_kernel kind = OS_SIMPLE;
   if (fast_dtype(dtype) && is_wgmma_tile(tile) && tsp_conv_wgmma_check(dtype, &a, tile) == TSP_OK)
     kind = OS_WGMMA;

@@ -26,6 +26,9 @@
 ** a quarter warp writes one whole core matrix (no bank conflict), and its
 ** global reads are 8 rows x 16 bytes, the lanes of one warp covering 64
 ** contiguous bytes of each row.
+** Tiles 12 and 13 (SW) use the 128-byte swizzled layout instead (BK = 64:
+** row r's 128 bytes at 128 r, its chunk c at chunk c ^ (r % 8); see
+** wg_desc_sw128), which lets a warp copy 4 whole rows per instruction.
 ** B must be K-major: dgrad's w[k] is [n, red] already; forward's w[k] is
 ** [red, n], so tsp_conv_wgmma_os first writes w^T into the caller's workspace
 ** (V * red * n elements, ~3.5 MB at C = 256: a few microseconds).
@@ -51,6 +54,17 @@ static __device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lb
   const uint64_t addr = tsp_smem_addr(smem);
   return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
          ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
+}
+
+/* The same for the 128-byte swizzle (layout type 1): K-major rows of 64
+** 16-bit elements (128 bytes) at a 128-byte pitch, the 16-byte chunk c of row
+** r stored at chunk c ^ (r % 8); 8-row groups 1024 bytes apart (SBO); LBO
+** unused (1).  The atom must start 1024-byte aligned; a k16 slice inside it
+** starts 32 bytes on. */
+static __device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem) {
+  const uint64_t addr = tsp_smem_addr(smem);
+  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+         ((uint64_t)1 << 62);
 }
 
 static __device__ __forceinline__ void wg_fence() {
@@ -99,24 +113,31 @@ template <> struct wg_op<256> {
 
 enum { WG_THREADS = 256 };
 
-/* MW: m64 blocks per warpgroup, so a tile has BM = 128 MW rows. */
-template <int MW, int BN, int BK, int STAGES> static size_t wg_smem_bytes(int volume) {
-  return (size_t)STAGES * (128 * MW + BN) * BK * 2 + tsp_tile_smem_bytes(128 * MW, volume);
+/* MW: m64 blocks per warpgroup, so a tile has BM = 128 MW rows.  SW: the
+** 128-byte swizzled layout (BK = 64), whose stages start 1024-byte aligned. */
+template <int MW, int BN, int BK, int STAGES, bool SW> static size_t wg_smem_bytes(int volume) {
+  return (size_t)STAGES * (128 * MW + BN) * BK * 2 + tsp_tile_smem_bytes(128 * MW, volume) +
+         (SW ? 1024 : 0);
 }
 
 /* src [src_rows, red]; w K-major: w[k] is [n, red]; out [rows, n]. */
 /* PIPE: keep one step's wgmma in flight while the next step's barrier and
 ** loads are issued; stages then run STAGES - 2 steps ahead instead of
 ** STAGES - 1 (the stage read by the pending wgmma is not overwritten). */
-template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE>
+/* SW: both operands in the 128-byte swizzled layout (wg_desc_sw128): a warp's
+** 32 16-byte copies then read 4 whole 128-byte row segments (one L2 request
+** each) instead of 64-byte halves of 8 rows, and still write shared memory
+** without bank conflicts. */
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW>
 __global__ void __launch_bounds__(WG_THREADS)
     wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
                     int n, T *__restrict__ out, float *__restrict__ accum, int mode) {
   enum { BM = 128 * MW, NT = WG_THREADS, A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
+  static_assert(!SW || BK == 64, "the 128-byte swizzle holds rows of 64 16-bit elements");
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T *s_a = (T *)smem_raw;
+  T *s_a = (T *)(smem_raw + (SW ? (1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023 : 0));
   T *s_b = s_a + STAGES * A_STAGE;
   const tsp_tile_smem tile = tsp_tile_smem_at(s_b + STAGES * B_STAGE, BM, volume);
   const int32_t *s_nb = tile.nb, *s_list = tile.list, *s_rows = tile.rows;
@@ -140,11 +161,14 @@ __global__ void __launch_bounds__(WG_THREADS)
 #pragma unroll
     for (int it = 0; it < BM * BK / 8 / NT; ++it) {
       const int i = tid + it * NT;
-      const int r = (i / BK) * 8 + (i & 7), c = c0 + ((i >> 3) % (BK / 8)) * 8;
+      /* SW: 8 lanes per row, chunk i % 8 of row i / 8, stored at chunk (i ^ r) % 8. */
+      const int r = SW ? i >> 3 : (i / BK) * 8 + (i & 7);
+      const int c = c0 + (SW ? i & 7 : (i >> 3) % (BK / 8)) * 8;
       if (!((used >> ((r >> 6) * 4)) & 0xFu)) continue;
       const int32_t p = s_nb[r * volume + k];
       const bool valid = p >= 0 && c < red;
-      tsp_cp_async16(a_dst + 8 * i, valid ? src + (int64_t)p * red + c : src, valid);
+      T *dst = SW ? a_dst + r * 64 + ((i ^ r) & 7) * 8 : a_dst + 8 * i;
+      tsp_cp_async16(dst, valid ? src + (int64_t)p * red + c : src, valid);
     }
     T *b_dst = s_b + stage * B_STAGE;
     const T *wk = w + (int64_t)k * red * n;
@@ -152,9 +176,11 @@ __global__ void __launch_bounds__(WG_THREADS)
     for (int it = 0; it < (BN * BK / 8 + NT - 1) / NT; ++it) {
       const int i = tid + it * NT;
       if (i >= BN * BK / 8) break;
-      const int j = (i / BK) * 8 + (i & 7), c = c0 + ((i >> 3) % (BK / 8)) * 8;
+      const int j = SW ? i >> 3 : (i / BK) * 8 + (i & 7);
+      const int c = c0 + (SW ? i & 7 : (i >> 3) % (BK / 8)) * 8;
       const bool valid = n0 + j < n && c < red;
-      tsp_cp_async16(b_dst + 8 * i, valid ? wk + (int64_t)(n0 + j) * red + c : w, valid);
+      T *dst = SW ? b_dst + j * 64 + ((i ^ j) & 7) * 8 : b_dst + 8 * i;
+      tsp_cp_async16(dst, valid ? wk + (int64_t)(n0 + j) * red + c : w, valid);
     }
   };
 
@@ -209,9 +235,13 @@ __global__ void __launch_bounds__(WG_THREADS)
     auto issue = [&](float(&d)[ACC], int m) {
       const T *a_s = s_a + stage * A_STAGE + (MW * wg + m) * 64 * BK;
 #pragma unroll
-      for (int ks = 0; ks < BK / 16; ++ks)
-        wg_op<BN>::template run<T>(d, wg_desc(a_s + ks * 128, 128, 16 * BK),
-                                   wg_desc(b_s + ks * 128, 128, 16 * BK));
+      for (int ks = 0; ks < BK / 16; ++ks) {
+        if (SW)
+          wg_op<BN>::template run<T>(d, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
+        else
+          wg_op<BN>::template run<T>(d, wg_desc(a_s + ks * 128, 128, 16 * BK),
+                                     wg_desc(b_s + ks * 128, 128, 16 * BK));
+      }
     };
 #pragma unroll
     for (int m = 0; m < MW; ++m) acc_fence(acc[m]);
@@ -274,16 +304,16 @@ __global__ void wg_transpose_kernel(const T *__restrict__ w, int64_t volume, int
   }
 }
 
-template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false>
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false, bool SW = false>
 static tsp_status launch_wgmma(const tsp_os_launch &a) {
-  const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES>((int)a.volume);
+  const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES, SW>((int)a.volume);
   static uint64_t smem_raised = 0;
-  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE>, smem,
-                                      &smem_raised, "tsp_conv_wgmma_os");
+  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW>,
+                                      smem, &smem_raised, "tsp_conv_wgmma_os");
   if (s != TSP_OK) return s;
   const int64_t tiles = ((a.tile_rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);
   if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE><<<(unsigned)tiles, WG_THREADS, smem, a.stream>>>(
+  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW><<<(unsigned)tiles, WG_THREADS, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, a.tile_rows,
       a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode);
   return tsp_cuda_check_launch("tsp_conv_wgmma_os");
@@ -299,7 +329,14 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
 **      128-row one (lidar_198k at 0.1 m: 14.9 vs 13.8 of 27), so the weight
 **      bytes per output row halve;
 **   9: as 8 with 4 stages and one step's wgmma kept in flight (PIPE);
-**  10: as 6 with 4 stages and PIPE. */
+**  10: as 6 with 4 stages and PIPE;
+**  12, 13: 9 and 10 with both operands in the 128-byte swizzled layout (SW).
+** Tile 9 moved 3.48 GB through L2 for one C = 256 forward on lidar_198k (ncu
+** lts__t_bytes) in ~1000 us, and 6-10 all took about as long: a warp's copies
+** read 64-byte halves of 8 rows, two L2 requests per 128-byte row segment.
+** With SW a warp reads 4 whole segments: 1.86 GB, 810 us (12), 696 us (13).
+** Deeper pipelines without SW (BK = 32 with 8 stages, 6 stages of BK = 64)
+** changed nothing (H100, 2026-11-23), so the copies, not latency, bound them. */
 template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, int tile) {
   const int64_t n = a.n;
   switch (tile) {
@@ -317,10 +354,17 @@ template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, i
   case 9:
     if (n <= 64) return launch_wgmma<T, 2, 64, 64, 4, true>(a);
     return launch_wgmma<T, 2, 128, 64, 4, true>(a);
-  default: /* 10 */
+  case 10:
     if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true>(a);
     if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true>(a);
     return launch_wgmma<T, 1, 256, 64, 4, true>(a);
+  case 12: /* 9 swizzled */
+    if (n <= 64) return launch_wgmma<T, 2, 64, 64, 4, true, true>(a);
+    return launch_wgmma<T, 2, 128, 64, 4, true, true>(a);
+  default: /* 13: 10 swizzled */
+    if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true, true>(a);
+    if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true, true>(a);
+    return launch_wgmma<T, 1, 256, 64, 4, true, true>(a);
   }
 }
 
@@ -335,19 +379,30 @@ size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n) {
 #endif
 }
 
+int tsp_conv_wgmma_available(void) {
+#ifdef TSP_WGMMA
+  return tsp_device_cc() == 90;
+#else
+  return 0;
+#endif
+}
+
 tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile) {
 #ifndef TSP_WGMMA
   (void)dtype, (void)a, (void)tile;
   return TSP_ERR_UNSUPPORTED;
 #else
   if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
-  if (tile < 6 || tile > 10) return TSP_ERR_UNSUPPORTED;
+  if (tile < 6 || tile > 13 || tile == TSP_TILE_TF32) return TSP_ERR_UNSUPPORTED;
   if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
-      (a->n > 256 && tile != 8 && tile != 9) || a->volume > TSP_IGEMM_MAX_VOLUME ||
+      (a->n > 256 && tile != 8 && tile != 9 && tile != 12) || a->volume > TSP_IGEMM_MAX_VOLUME ||
       a->red > 0x7fffffff || a->src_rows > 0x7fffffff)
     return TSP_ERR_UNSUPPORTED;
   if (((uintptr_t)a->src | (uintptr_t)a->w) % 16 != 0 || (uintptr_t)a->out % 4 != 0)
     return TSP_ERR_UNSUPPORTED;
+  /* 256-row tiles with 4 stages of 128 columns leave room for the map rows of
+  ** V <= 32 offsets in 227 KB of shared memory (wg_smem_bytes). */
+  if ((tile == 9 || tile == 12) && a->n > 64 && a->volume > 32) return TSP_ERR_UNSUPPORTED;
   if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
   return TSP_OK;
 #endif
