@@ -52,7 +52,7 @@ stage_testx() {
   local t=$SECONDS
   python3 -c "import xdist" 2>/dev/null || pip install -q --no-index --find-links "${WHEELS:-.gl/wheels}" pytest-xdist > /dev/null 2>&1
   if ! python3 -c "import xdist" 2>/dev/null; then note "testx: no pytest-xdist, running stage_test"; stage_test; return; fi
-  python3 -m pytest -q -rf -p no:cacheprovider -n ${TEST_WORKERS:-14} -k "${TEST_K:-not cpu and not gradcheck}" \
+  timeout ${TESTX_TIMEOUT:-600} python3 -m pytest -q -rf -p no:cacheprovider -n ${TEST_WORKERS:-14} -k "${TEST_K:-not cpu and not gradcheck}" \
     --ignore=tests/test_examples.py ${TEST_FILES:-tests} > "$OUT/tests.log" 2>&1
   note "testx: rc=$? $(tail -1 "$OUT/tests.log" | cut -c1-150) ($((SECONDS - t)) s)"
   grep -E "^(FAILED|ERROR)|Fatal Python" "$OUT/tests.log" | head -30 | tee -a "$summary"
