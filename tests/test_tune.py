@@ -229,3 +229,63 @@ def test_confirm_remeasures_finalists_and_prefers_the_default_on_ties():
     assert win == "default"  # 9.05 is within 1% of 9.0
     win, _ = confirm(once, {"searched": {"u": "b"}, "default": {"u": "a"}}, rounds=3, prefer="default")
     assert win == "searched"  # the default is 11% slower
+
+
+_RANK_SCRIPT = r"""
+import json, os, sys
+import torch
+import torch.distributed as dist
+import torchsp
+from torchsp import tune
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=2)
+if rank == 0:  # rank 0's measurement: a choice no default would give
+    tune._measure = lambda feats, kmap, geom, weight: (
+        {"fwd": [1, 0, 0, 0], "dgrad": [1, 0, 0, 0], "wgrad": [0, 0, 0, 0]}, 0.0, {})
+else:
+    def _measure(*args):
+        raise AssertionError("rank 1 measured")
+    tune._measure = _measure
+tune.set_mode("auto")
+g = torch.Generator().manual_seed(0)
+c = torch.cat([torch.zeros(300, 1, dtype=torch.long), torch.randint(-6, 6, (300, 3), generator=g)], 1)
+coords = torch.unique(c, dim=0).int()
+x = torchsp.SparseTensor(torch.randn(coords.shape[0], 8, generator=g, dtype=torch.float64), coords)
+w = torch.randn(27, 8, 8, generator=g, dtype=torch.float64)
+km = torchsp.kmap.get_kernel_map(x, 3)[0]
+got = tune.choose_algo(x, km, torchsp.kmap.ConvGeometry(3), w)
+print(json.dumps({"rank": rank, "choice": got}))
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_agree_under_distributed(tmp_path):
+    """Two gloo ranks tune the same unseen layer in auto mode: only rank 0 measures, and rank 1
+    ends up with rank 0's choice (broadcast), so a cold tune cannot make ranks diverge."""
+    import socket
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not built")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "rank.py"
+    script.write_text(_RANK_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TORCHSP_CACHE_DIR=str(tmp_path / f"cache{rank}"),
+                   PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=120)
+        finally:
+            p.kill()
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    want = [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]
+    assert [o["choice"] for o in sorted(outs, key=lambda o: o["rank"])] == [want, want]
