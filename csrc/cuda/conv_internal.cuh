@@ -50,25 +50,22 @@ template <> __device__ __forceinline__ __nv_bfloat16 tsp_from_float<__nv_bfloat1
 enum { TSP_WGRAD_TARGET_BLOCKS = 2048, TSP_WGRAD_MIN_ROWS = 256 };
 static const int64_t TSP_WGRAD_MAX_PARTIALS = 16LL << 20;
 
-/* The c_in x c_out tile of conv_wgrad.cu's kernel for p: 128 x 128 (eight
-** warps) for 16-bit types with both channel counts >= 128, else 64 x 64
-** (which also sizes the 32 x 32 kernel's chunks).  H100, lidar_198k, fp16:
-** 128 x 128 took wgrad from 348 to 218 us at C = 128 and from 1293 to 687 at
-** C = 256 (each pair's rows are gathered c / 128 times instead of c / 64);
-** at C = 64 it was slower (186 vs 133 us), as were 128 x 256 and 64 x 128. */
-static inline void tsp_wgrad_tile_dims(const tsp_conv_problem *p, int *bm, int *bn) {
-  const int wide = p->dtype != TSP_FLOAT32 && p->c_in >= 128 && p->c_out >= 128;
-  *bm = wide ? 128 : 64;
-  *bn = wide ? 128 : 64;
+/* The side of conv_wgrad.cu's square c_in x c_out tile for p: 128 (eight
+** warps) for 16-bit types with both channel counts >= 128, else 64 (which
+** also sizes the 32 x 32 kernel's chunks).  H100, lidar_198k, fp16: 128 x 128
+** took wgrad from 348 to 218 us at C = 128 and from 1293 to 687 at C = 256
+** (each pair's rows are gathered c / 128 times instead of c / 64); at C = 64
+** it was slower (186 vs 133 us), as were 128 x 256 and 64 x 128. */
+static inline int tsp_wgrad_tile(const tsp_conv_problem *p) {
+  return p->dtype != TSP_FLOAT32 && p->c_in >= 128 && p->c_out >= 128 ? 128 : 64;
 }
 
 static inline int64_t tsp_wgrad_rows_per_chunk(const tsp_conv_problem *p) {
   const int64_t n = p->n_out;
   if (n <= 0) return 1;
   const int64_t vcc = p->volume * p->c_in * p->c_out;
-  int bm, bn;
-  tsp_wgrad_tile_dims(p, &bm, &bn);
-  const int64_t tiles = ((p->c_in + bm - 1) / bm) * ((p->c_out + bn - 1) / bn);
+  const int t = tsp_wgrad_tile(p);
+  const int64_t tiles = ((p->c_in + t - 1) / t) * ((p->c_out + t - 1) / t);
   int64_t chunks = (TSP_WGRAD_TARGET_BLOCKS + p->volume * tiles - 1) / (p->volume * tiles);
   const int64_t by_rows = (n + TSP_WGRAD_MIN_ROWS - 1) / TSP_WGRAD_MIN_ROWS;
   const int64_t by_ws = vcc > 0 ? TSP_WGRAD_MAX_PARTIALS / vcc : chunks;

@@ -294,11 +294,9 @@ template <typename T>
 static tsp_status dispatch_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
                                      const int32_t *nbmap, void *dw, float *partials,
                                      cudaStream_t stream) {
-  int bm, bn;
-  tsp_wgrad_tile_dims(p, &bm, &bn); /* the chunking assumed these (tsp_wgrad_rows_per_chunk) */
-  (void)bn; /* square tiles */
-  if constexpr (sizeof(T) == 2) /* float keeps 64 x 64 (tsp_wgrad_tile_dims) */
-    if (bm == 128)
+  /* The chunking assumed this tile (tsp_wgrad_rows_per_chunk); float keeps 64 x 64. */
+  if constexpr (sizeof(T) == 2)
+    if (tsp_wgrad_tile(p) == 128)
       return launch_mma_wgrad<T, wgrad_cfg<128, 128, 64, 32> >(p, x, dy, nbmap, dw, partials, stream);
   if (p->c_in <= 32 && p->c_out <= 32)
     return launch_mma_wgrad<T, wgrad_cfg<32, 32, 16, 16> >(p, x, dy, nbmap, dw, partials, stream);
