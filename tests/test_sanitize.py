@@ -82,10 +82,10 @@ def _assert_close(y, dx, ref_y, ref_dx):
     assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
 
 
-@pytest.mark.parametrize("tile", [0, 2, 3, 7, 9, 12, 13])
+@pytest.mark.parametrize("tile", [0, 2, 3, 7, 9, 12, 13, 14, 15])
 def test_tensor_core_tiles(tile):
-    """Every tensor-core tile family (mma.sync 2/3, wgmma 7/9 and swizzled 12/13 on sm_90a builds,
-    else mma.sync; 0 resolves to one of them)
+    """Every tensor-core tile family (mma.sync 2/3, wgmma 7/9, swizzled 12/13 and warp-specialized
+    14/15 on sm_90a builds, else mma.sync; 0 resolves to one of them)
     under the sanitizers: mask-sorted rows, a partial last tile, Cout > 128, fwd and dgrad."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=11)
     km = torchsp.kmap.get_kernel_map(x, 3)[0]
@@ -118,8 +118,9 @@ def test_wide_tiles():
         assert (v.double().cpu() - u).norm() / u.norm() < 1e-2, name
 
 
-@pytest.mark.parametrize("algo", [[0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 2], [1, 9, 0, 0], [2, 9, 0, 1]],
-                         ids=["split2", "ws", "hybrid2", "ws_t9", "hybrid1_t9"])
+@pytest.mark.parametrize("algo", [[0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 2], [1, 9, 0, 0], [2, 9, 0, 1],
+                                  [1, 14, 0, 0], [2, 14, 0, 1]],
+                         ids=["split2", "ws", "hybrid2", "ws_t9", "hybrid1_t9", "ws_t14", "hybrid1_t14"])
 def test_segmented_dataflows(algo):
     """Segmented plans (torchsp/plan.py: mask splits, weight-stationary, hybrid) under the
     sanitizers: fp32 partial sums in the workspace, pair-list rows, fwd and dgrad."""

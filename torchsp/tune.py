@@ -59,7 +59,8 @@ PASSES = ("fwd", "dgrad", "wgrad")
 # The first is the reference each candidate is checked against.  CUDA forward and
 # dgrad (torchsp/plan.py): output-stationary in mask-sorted row order (threshold 0) or
 # map order (-1) with tile shape 0, 1 (64-row tiles) or 2 (128 x 256 tiles when
-# Cout > 128), plus tiles 3 (mma.sync), 12 and 13 (swizzled wgmma) on sm_90a builds; mask splits
+# Cout > 128), plus tiles 3 (mma.sync), 12 and 13 (swizzled wgmma), 14 and 15 (warp-specialized
+# wgmma) on sm_90a builds; mask splits
 # (split 2); weight-stationary fetch-on-demand (dataflow 1); Spira's hybrid (dataflow 2)
 # at every L1 threshold of the kernel.  All are atomic-free and deterministic.
 _CANDIDATES = {
@@ -108,8 +109,8 @@ def candidates(device_type, pass_name, kernel_size=None, deterministic=False, tf
     out = [list(a) for a in _CANDIDATES.get(device_type, _CANDIDATES["cpu"])[pass_name]]
     if device_type == "cuda" and pass_name != "wgrad" and _wgmma_available() and not tf32:
         # tile 0 is the swizzled wgmma tile 12 or 13 there for C >= 64 (conv.cu resolve_tile):
-        # also the other one, and mma.sync's default shape (tile 3)
-        out += [[0, 3, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0]]
+        # also the other one, the warp-specialized tiles 14 and 15, and mma.sync's default (3)
+        out += [[0, 3, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0], [0, 14, 0, 0], [0, 15, 0, 0]]
     if device_type == "cuda" and kernel_size is not None and pass_name != "wgrad" and 2 in _hybrid_passes():
         l1 = sorted(set(offset_l1(kernel_size, (1, 1, 1), tuple((k - 1) // 2 for k in kernel_size))))
         out += [[2, 0, 0, t] for t in l1[1:]]

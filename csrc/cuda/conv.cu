@@ -75,7 +75,10 @@ static tsp_status check_problem(const tsp_conv_problem *p) {
 static size_t element_bytes(tsp_dtype dtype) { return dtype == TSP_FLOAT32 ? 4 : 2; }
 
 /* algo.tile values served by conv_wgmma.cu (sm_90a builds); others by conv_implicit_gemm.cu. */
-static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 13 && tile != TSP_TILE_TF32; }
+static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 15 && tile != TSP_TILE_TF32; }
+
+/* The warp-specialized wgmma tiles (conv_wgmma_ws.cu), which read a weight image. */
+static int is_ws_tile(int tile) { return tile == 14 || tile == 15; }
 
 static int fast_dtype(tsp_dtype dtype) {
   return dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16;
@@ -104,7 +107,10 @@ static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 ** of w, then (segmented plans) fp32 partial sums [rows, n]. */
 static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n, int n_segs) {
   size_t bytes = 0;
-  if (is_wgmma_tile(resolve_tile(p->dtype, red, n, p->algo.tile)))
+  const int tile = resolve_tile(p->dtype, red, n, p->algo.tile);
+  if (is_ws_tile(tile))
+    bytes = align256(tsp_conv_wgmma_ws_image_bytes(tile, p->volume, red, n));
+  else if (is_wgmma_tile(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0) bytes += (size_t)(rows * n) * sizeof(float);
   return bytes;
@@ -166,7 +172,14 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
                               transposed_w, a.out, stream);
   unsigned char *ws = (unsigned char *)workspace;
   size_t used = 0;
-  if (kind == OS_WGMMA && !transposed_w) { /* forward: K-major copy of w first */
+  if (kind == OS_WGMMA && is_ws_tile(tile)) { /* both passes: the weight image first */
+    const size_t wbytes = align256(tsp_conv_wgmma_ws_image_bytes(tile, a.volume, a.red, n));
+    if (ws == NULL || workspace_bytes < wbytes) return TSP_ERR_ARGUMENT;
+    tsp_status s = tsp_conv_wgmma_ws_image(dtype, &a, transposed_w, tile, ws);
+    if (s != TSP_OK) return s;
+    a.w = ws;
+    used = wbytes;
+  } else if (kind == OS_WGMMA && !transposed_w) { /* forward: K-major copy of w first */
     const size_t wbytes = align256(tsp_conv_wgmma_workspace(a.volume, a.red, n));
     if (ws == NULL || workspace_bytes < wbytes) return TSP_ERR_ARGUMENT;
     tsp_status s = tsp_conv_wgmma_weights(dtype, &a, ws);

@@ -185,16 +185,24 @@ tsp_status tsp_conv_tf32_os(const tsp_os_launch *a, int transposed_w);
 tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);
-/* The wgmma kernels (sm_90a builds on sm_90 devices only, tiles 6-10;
-** TSP_ERR_UNSUPPORTED otherwise).  They read w K-major ([volume, n, red]):
-** dgrad's w already is; forward first writes a K-major copy with
-** tsp_conv_wgmma_weights into tsp_conv_wgmma_workspace bytes and passes it as
-** a->w. */
+/* The wgmma kernels (sm_90a builds on sm_90 devices only, tiles 6-10 and
+** 12-15; TSP_ERR_UNSUPPORTED otherwise).  Tiles 6-13 read w K-major
+** ([volume, n, red]): dgrad's w already is; forward first writes a K-major
+** copy with tsp_conv_wgmma_weights into tsp_conv_wgmma_workspace bytes and
+** passes it as a->w.  The warp-specialized tiles 14 and 15
+** (conv_wgmma_ws.cu) read an image of the weights that
+** tsp_conv_wgmma_ws_image writes (both passes; `transposed_w` as for the
+** launchers above) into tsp_conv_wgmma_ws_image_bytes. */
 size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n);
 int tsp_conv_wgmma_available(void); /* sm_90a build on an sm_90 device */
 tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void *wt);
 tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
+size_t tsp_conv_wgmma_ws_image_bytes(int tile, int64_t volume, int64_t red, int64_t n);
+tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
+tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w,
+                                   int tile, void *img);
+tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 
 
 #endif /* TSP_CONV_INTERNAL_CUH */

@@ -43,73 +43,9 @@
 #include "conv_internal.cuh"
 #include "conv_mma.cuh"
 #include "conv_tile.cuh"
-#include "conv_wgmma_ops.cuh"
+#include "conv_wgmma_util.cuh"
 
 #ifdef TSP_WGMMA /* the kernels exist in sm_90a builds only */
-
-/* Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start
-** address, leading (K) and stride (8-row) byte offsets, all >> 4; base offset
-** 0 and layout type 0 (no swizzle). */
-static __device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
-  const uint64_t addr = tsp_smem_addr(smem);
-  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
-}
-
-/* The same for the 128-byte swizzle (layout type 1): K-major rows of 64
-** 16-bit elements (128 bytes) at a 128-byte pitch, the 16-byte chunk c of row
-** r stored at chunk c ^ (r % 8); 8-row groups 1024 bytes apart (SBO); LBO
-** unused (1).  The atom must start 1024-byte aligned; a k16 slice inside it
-** starts 32 bytes on. */
-static __device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem) {
-  const uint64_t addr = tsp_smem_addr(smem);
-  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-         ((uint64_t)1 << 62);
-}
-
-static __device__ __forceinline__ void wg_fence() {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void wg_commit() {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N> static __device__ __forceinline__ void wg_wait() {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-/* cp.async (generic proxy) writes -> wgmma (async proxy) reads of shared memory. */
-static __device__ __forceinline__ void proxy_fence() {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-/* Keep the compiler from moving accumulator reads or writes across a wgmma wait. */
-template <int N> static __device__ __forceinline__ void acc_fence(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-template <int BN> struct wg_op;
-template <> struct wg_op<64> {
-  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_m64n64k16(d, a, b, T());
-  }
-};
-template <> struct wg_op<128> {
-  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_m64n128k16(d, a, b, T());
-  }
-};
-template <> struct wg_op<256> {
-  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_m64n256k16(d, a, b, T());
-  }
-};
 
 enum { WG_THREADS = 256 };
 
@@ -392,6 +328,7 @@ tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int til
   (void)dtype, (void)a, (void)tile;
   return TSP_ERR_UNSUPPORTED;
 #else
+  if (tile == 14 || tile == 15) return tsp_conv_wgmma_ws_check(dtype, a, tile);
   if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
   if (tile < 6 || tile > 13 || tile == TSP_TILE_TF32) return TSP_ERR_UNSUPPORTED;
   if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
@@ -428,12 +365,14 @@ tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void 
 #endif
 }
 
-/* One launch; a->w is K-major ([volume, n, red]). */
+/* One launch; a->w is K-major ([volume, n, red]), or for tiles 14 and 15
+** the image of tsp_conv_wgmma_ws_image (conv_wgmma_ws.cu). */
 tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile) {
 #ifndef TSP_WGMMA
   (void)dtype, (void)a, (void)tile;
   return TSP_ERR_UNSUPPORTED;
 #else
+  if (tile == 14 || tile == 15) return tsp_conv_wgmma_ws_os(dtype, a, tile);
   const tsp_status ok = tsp_conv_wgmma_check(dtype, a, tile);
   if (ok != TSP_OK) return ok;
   if (a->rows <= 0 || a->tile_rows <= 0) return TSP_OK;

@@ -1,0 +1,82 @@
+/*
+** conv_wgmma_util.cuh: what the two wgmma kernels (conv_wgmma.cu: all warps
+** load and compute; conv_wgmma_ws.cu: producer warps load, consumer
+** warpgroups compute) share: shared-memory matrix descriptors, the wgmma
+** fence / commit / wait instructions and the m64nNk16 wrapper per N.
+** Included by sm_90a translation units only (TSP_WGMMA); the instructions
+** are emitted only when compiling device code for sm_90a (TSP_WGMMA_DEVICE,
+** defined by the includer).
+*/
+#ifndef TSP_CONV_WGMMA_UTIL_CUH
+#define TSP_CONV_WGMMA_UTIL_CUH
+
+#include <stdint.h>
+
+#include "conv_mma.cuh"
+#include "conv_wgmma_ops.cuh"
+
+/* Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start
+** address, leading (K) and stride (8-row) byte offsets, all >> 4; base offset
+** 0 and layout type 0 (no swizzle). */
+static __device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
+  const uint64_t addr = tsp_smem_addr(smem);
+  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
+}
+
+/* The same for the 128-byte swizzle (layout type 1): K-major rows of 64
+** 16-bit elements (128 bytes) at a 128-byte pitch, the 16-byte chunk c of row
+** r stored at chunk c ^ (r % 8); 8-row groups 1024 bytes apart (SBO); LBO
+** unused (1).  The atom must start 1024-byte aligned; a k16 slice inside it
+** starts 32 bytes on. */
+static __device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem) {
+  const uint64_t addr = tsp_smem_addr(smem);
+  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+         ((uint64_t)1 << 62);
+}
+
+static __device__ __forceinline__ void wg_fence() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void wg_commit() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N> static __device__ __forceinline__ void wg_wait() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* cp.async (generic proxy) writes -> wgmma (async proxy) reads of shared memory. */
+static __device__ __forceinline__ void proxy_fence() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+/* Keep the compiler from moving accumulator reads or writes across a wgmma wait. */
+template <int N> static __device__ __forceinline__ void acc_fence(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int BN> struct wg_op;
+template <> struct wg_op<64> {
+  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_m64n64k16(d, a, b, T());
+  }
+};
+template <> struct wg_op<128> {
+  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_m64n128k16(d, a, b, T());
+  }
+};
+template <> struct wg_op<256> {
+  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_m64n256k16(d, a, b, T());
+  }
+};
+
+#endif /* TSP_CONV_WGMMA_UTIL_CUH */
