@@ -251,10 +251,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 ** row j (produced channel t bn + j) holding reduced channels 64 c .. 64 c + 63
 ** in the 128-byte swizzle (16-byte chunk u of row j at u ^ (j % 8)); zero past
 ** n or red.  W_k(j, c) is w[k][c][j] (forward, w [V, red, n]) or w[k][j][c]
-** (dgrad, transposed: w [V, n, red]). */
-template <typename T>
-__global__ void ws_image_kernel(const T *__restrict__ w, int volume, int red, int n, int transposed,
-                                int bn, int chunks, int64_t total, T *__restrict__ img) {
+** (dgrad, transposed: w [V, n, red]).  Elements are moved as 16-bit words:
+** the same code serves fp16 and bf16. */
+__global__ void ws_image_kernel(const uint16_t *__restrict__ w, int volume, int red, int n,
+                                int transposed, int bn, int chunks, int64_t total,
+                                uint16_t *__restrict__ img) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int e = (int)(i % (bn * 64));
@@ -265,7 +266,7 @@ __global__ void ws_image_kernel(const T *__restrict__ w, int volume, int red, in
     const int j = e >> 6, slot = e & 63;
     const int c = ch * 64 + ((((slot >> 3) ^ j) & 7) << 3) + (slot & 7);
     const int row = t * bn + j;
-    T v = T(0.0f);
+    uint16_t v = 0; /* +0.0 in fp16 and bf16 */
     if (row < n && c < red)
       v = transposed ? w[((int64_t)k * n + row) * red + c] : w[((int64_t)k * red + c) * n + row];
     img[i] = v;
@@ -345,20 +346,16 @@ tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int 
   (void)dtype, (void)a, (void)transposed_w, (void)tile, (void)img;
   return TSP_ERR_UNSUPPORTED;
 #else
+  if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
   if (img == NULL || (uintptr_t)img % 16 != 0) return TSP_ERR_UNSUPPORTED;
   const int bn = (int)ws_image_bn(tile, a->n);
   const int chunks = (int)((a->red + 63) / 64);
   const int64_t total = (int64_t)tsp_conv_wgmma_ws_image_bytes(tile, a->volume, a->red, a->n) / 2;
   if (total <= 0) return TSP_OK;
   const unsigned blocks = (unsigned)((total + 255) / 256 < 132 * 8 ? (total + 255) / 256 : 132 * 8);
-  if (dtype == TSP_FLOAT16)
-    ws_image_kernel<__half><<<blocks, 256, 0, a->stream>>>((const __half *)a->w, (int)a->volume,
-                                                           (int)a->red, (int)a->n, transposed_w, bn,
-                                                           chunks, total, (__half *)img);
-  else
-    ws_image_kernel<__nv_bfloat16><<<blocks, 256, 0, a->stream>>>(
-        (const __nv_bfloat16 *)a->w, (int)a->volume, (int)a->red, (int)a->n, transposed_w, bn,
-        chunks, total, (__nv_bfloat16 *)img);
+  ws_image_kernel<<<blocks, 256, 0, a->stream>>>((const uint16_t *)a->w, (int)a->volume, (int)a->red,
+                                                 (int)a->n, transposed_w, bn, chunks, total,
+                                                 (uint16_t *)img);
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws_image");
 #endif
 }
