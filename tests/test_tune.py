@@ -214,6 +214,62 @@ def test_tune_search_on_a_model_restores_state_and_matches_reference(cache_dir):
     assert torch.allclose(y.feats, ref, atol=1e-9)
 
 
+def test_passes_that_win_keeps_only_clear_wins():
+    """The last check of a search: a pass keeps its searched units only when the model, run as
+    a user runs it, is more than 1% faster with them than with the default everywhere."""
+    from torchsp.tune_search import passes_that_win
+    med = {"tuned": (0.90, 2.10), "default": (1.00, 2.00)}
+    assert passes_that_win(med, train=True) == ["fwd"]
+    assert passes_that_win(med, train=False) == ["fwd"]
+    assert passes_that_win({"tuned": (1.00, 1.0), "default": (1.005, 1.2)}, train=True) == ["dgrad"]
+    assert passes_that_win({"tuned": (1.2, 3.0), "default": (1.0, 2.0)}, train=True) == []
+
+
+@pytest.mark.parametrize("default_wins_as_used", [True, False])
+def test_search_goes_back_to_default_when_it_loses_as_used(cache_dir, monkeypatch, default_wins_as_used):
+    """Timings faked: per layer and in the search weight-stationary wins; in the final
+    interleaved forward + training-step check either the default wins (every searched unit
+    goes back to it) or weight-stationary still wins (kept)."""
+    import torchsp.tune_search as ts
+    x = _input()
+    net = torchsp.nn.Sequential(torchsp.nn.SparseConv3d(8, 16, 3), torchsp.nn.SparseConv3d(16, 8, 3)).double()
+    state = {"confirms": 0}
+    real_pass, real_confirm = tune._tune_pass, ts.confirm
+
+    def ws_first(pass_name, run, device, dtype, algos, setup_cost=None):
+        _, _, _, ranked = real_pass(pass_name, run, device, dtype, algos, setup_cost)
+        ranked = [(2e-3, a) for _, a in ranked]
+        if pass_name != "wgrad":  # float64 on CPU lists no weight-stationary candidate: add one
+            ranked.insert(0, (1e-3, [1, 0, 0, 0]))
+        return ranked[0][1], ranked[0][0], 2e-3, ranked
+
+    def counted_confirm(*args, **kwargs):
+        out = real_confirm(*args, **kwargs)
+        state["confirms"] += 1
+        return out
+
+    def fake_time(fn, device, repeat):
+        fn()
+        ws = any(e["fwd"][0] == 1 or e["dgrad"][0] == 1 for k, e in tune._choices().items() if "|r" in k)
+        as_used = state["confirms"] >= 2  # both passes searched and confirmed
+        return 1.0 if ws != (as_used and default_wins_as_used) else 2.0
+
+    monkeypatch.setattr(tune, "_tune_pass", ws_first)
+    monkeypatch.setattr(ts, "confirm", counted_confirm)
+    monkeypatch.setattr(tune, "_time_model", fake_time)
+    net.train()
+    tuned = tune.tune(net, (x,), verbose=False, train=True, budget_s=30, repeat=1)
+    res = tune.last_search()
+    assert state["confirms"] == 2 and "as used" in res
+    assert res["as used"]["kept"] == ([] if default_wins_as_used else ["fwd", "dgrad"])
+    units = [e[p] for e in tuned.values() for p in ("fwd", "dgrad")]
+    if default_wins_as_used:
+        assert all(a == [0, 0, 0, 0] for a in units)
+    else:  # the searched units stay (the search may keep the default in some of them)
+        assert any(a == [1, 0, 0, 0] for a in units)
+    assert net.training
+
+
 def test_confirm_remeasures_finalists_and_prefers_the_default_on_ties():
     from torchsp.tune_search import confirm
     true = {"a": 10.0, "b": 9.0, "c": 9.05}

@@ -122,3 +122,21 @@ def confirm(measure_once, finalists, rounds=5, prefer=None, margin=0.01):
         if same is not None and med[same] <= med[win] * (1.0 + margin):
             win = same
     return win, med
+
+
+def passes_that_win(medians, train, margin=0.01):
+    """The passes whose searched units beat the all-default configuration as the model is used.
+
+    Args:
+        medians: {"tuned": (forward s, step s), "default": (forward s, step s)}.
+        train: whether training steps were measured (else only "fwd" can win).
+        margin: a pass wins when tuned is faster than default by more than this fraction.
+    Returns:
+        ["fwd"], ["dgrad"], both or none: forward units are judged by the forward, dgrad
+        units by the training step.
+    """
+    out = []
+    for i, p in enumerate(("fwd", "dgrad") if train else ("fwd",)):
+        if medians["tuned"][i] < medians["default"][i] * (1.0 - margin):
+            out.append(p)
+    return out

@@ -12,7 +12,9 @@
 **     operands, V <= 64, compute capability >= 8.0: tensor cores
 **     (conv_implicit_gemm.cu for forward and dgrad, conv_wgrad.cu for wgrad);
 **     algo.tile 6-10 and 12-13 ask for the wgmma kernels of conv_wgmma.cu,
-**     which exist in sm_90a builds (TORCH_CUDA_ARCH_LIST=9.0a) and run on
+**     14-15 the warp-specialized ones of conv_wgmma_ws.cu (slower so far: not
+**     chosen by tile 0 nor by the tuner), which exist in sm_90a builds
+**     (TORCH_CUDA_ARCH_LIST=9.0a) and run on
 **     sm_90 devices; elsewhere those tiles fall back to the mma.sync kernel;
 **     tile 0 picks between them (resolve_tile), tile 3 is mma.sync's default;
 **   - float32 with algo.tile == TSP_TILE_TF32 (11; Python's default when

@@ -288,16 +288,25 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");
 }
 
-/* Column tile (and weight-image layout) for this tile and n: tile 15 caps it at 128. */
+/* Column tile (and weight-image layout) for n produced channels. */
 static int ws_image_bn(int tile, int64_t n) {
-  const int bn = ws_bn(n);
-  return tile == 15 && bn > 128 ? 128 : bn;
+  (void)tile; /* both tiles: BN = 64, 128 or 256 covers n */
+  return ws_bn(n);
 }
 
-static int ws_stages(int tile, int bn) { return tile == 15 && bn != 64 ? 3 : 4; }
+static int ws_stages(int tile, int bn) {
+  (void)tile, (void)bn;
+  return 4;
+}
 
-/* Tile 14: 4 stages, one block per SM (BN = 256: 208 KB at V = 27).
-** Tile 15: BN <= 128 with 3-4 stages small enough for two blocks per SM. */
+/* Tile 14: 4 stages, two producer warps, one block per SM (BN = 256: 208 KB
+** at V = 27).  Tile 15: the same with four producer warps (a whole
+** warpgroup), which tests whether the copies' issue bounds tile 14.
+** Measured (H100, lidar_198k, fp16, fwd us; 2026-11-23): tile 14 154 / 415 /
+** 818 at C = 64 / 128 / 256 against the swizzled all-warps tile 13's 113 /
+** 282 / 692; ncu at C = 256: tensor pipe 24.6%, issue slots 14.8%, warps
+** stalled mostly on L1TEX scoreboard (62%), so the consumers wait for data.
+** (An earlier tile 15, BN <= 128 at two blocks per SM, gave 144 / 271 / 868.) */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_image_bn(tile, a.n);
   if (tile == 14) {
@@ -305,8 +314,9 @@ template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int 
     if (bn == 128) return launch_ws<T, 128, 4, 2, 1>(a);
     return launch_ws<T, 256, 4, 2, 1>(a);
   }
-  if (bn == 64) return launch_ws<T, 64, 4, 2, 2>(a);
-  return launch_ws<T, 128, 3, 2, 2>(a);
+  if (bn == 64) return launch_ws<T, 64, 4, 4, 1>(a);
+  if (bn == 128) return launch_ws<T, 128, 4, 4, 1>(a);
+  return launch_ws<T, 256, 4, 4, 1>(a);
 }
 
 #endif /* TSP_WGMMA */
