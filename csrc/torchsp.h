@@ -102,8 +102,9 @@ typedef enum {
 ** atomic-free and deterministic.
 **
 ** tile on CUDA, fp16/bf16: 0 is the kernel's default (the swizzled wgmma
-** tiles 12 or 13 on sm_90a builds on sm_90 devices when both channel counts
-** are >= 64, else mma.sync: cuda/conv.cu resolve_tile); 1-2 mma.sync shapes,
+** tiles 12 or 13, or the warp-specialized 15 when Cout > 128, on sm_90a
+** builds on sm_90 devices when both channel counts are >= 64, else
+** mma.sync: cuda/conv.cu resolve_tile); 1-2 mma.sync shapes,
 ** 3 the mma.sync default shape; 6-10, 12-15 wgmma (sm_90a builds; 12-15 with
 ** 128-byte swizzled operands, 14-15 warp-specialized: producer warps copy,
 ** consumer warpgroups multiply); any other value reads as 3.  On float32, TSP_TILE_TF32

@@ -42,11 +42,13 @@
 **     subm3 C32      3.5    13.6        72             72            73     90      607        419 / 1284
 **     subm3 C64      3.5    21.1       114            137           110    134      509        230 /  769
 **     subm3 C128     6.3    32.7       267            317           258    219      762        249 /  831
-**     subm3 C256     6.3   130.9       700           1040           682    685     2120        608 / 1660
-** (tile 0 is wgmma tile 13, 12, 13 at C = 64, 128, 256 and mma.sync at
+**     subm3 C256     6.3   130.9       547           1040           539    678     1841        608 / 1669
+** (tile 0 is wgmma tile 13, 12, 15 at C = 64, 128, 256 and mma.sync at
 ** C = 32; wgrad 128 x 128 tiles at C >= 128.  The same table before the
 ** swizzled tiles: fwd 138 / 322 / 1040, wgrad 133 / 348 / 1293 at C = 64 /
-** 128 / 256.)
+** 128 / 256; C = 256 before the warp-specialized tile 15: fwd 694, dgrad
+** 667, fwd+bwd 2114.  C = 256's row is from a later run than the others:
+** FlexGEMM there from the run that timed tile 15 explicitly, 552 us.)
 ** Reading a sorted tile's map rows with independent loads (conv_tile.cuh)
 ** took C = 32 from 104 to 73 us and C = 64 from 161 to 135.  At C >= 128
 ** every unswizzled kernel variant (mma.sync 32x64 or 64x64 warps, BK 32 or
@@ -87,15 +89,17 @@ static int fast_dtype(tsp_dtype dtype) {
 }
 
 /* algo.tile 0 ("the kernel's default") of an fp16/bf16 pass with red input and
-** n produced channels: the swizzled wgmma tiles where they measured fastest
-** (sm_90a build on an sm_90 device, both channel counts >= 64; H100,
-** lidar_198k, fwd us, tile 0 mma.sync / 12 / 13: C = 64 139 / 126 / 115,
-** C = 128 324 / 265 / 280, C = 256 1048 / 810 / 696), else mma.sync, which
+** n produced channels, where each measured fastest (sm_90a build on an sm_90
+** device, both channel counts >= 64; H100, lidar_198k, fwd us): n > 128 the
+** warp-specialized tile 15 (C = 256: 547-552 vs 692 for tile 13; at C = 128
+** it ties tile 12, 273 vs 266), 64 < n <= 128 the swizzled tile 12 (C = 128:
+** 265 vs 280 for 13), n = 64 tile 13 (C = 64: 113-115 vs 126 for 12, 139
+** mma.sync, 144-154 for the warp-specialized tiles); else mma.sync, which
 ** stays faster at C = 32 (72 vs 114 us for wgmma tile 9). */
 static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int tile) {
   if (tile != 0 || !fast_dtype(dtype) || red < 64 || n < 64 || !tsp_conv_wgmma_available())
     return tile;
-  return (n > 64 && n <= 128) || n > 256 ? 12 : 13;
+  return n > 128 ? 15 : n > 64 ? 12 : 13;
 }
 
 /* float32 computed in tf32 on tensor cores: asked for by the pass's tile alone. */

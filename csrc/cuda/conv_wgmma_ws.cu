@@ -301,12 +301,15 @@ static int ws_stages(int tile, int bn) {
 
 /* Tile 14: 4 stages, two producer warps, one block per SM (BN = 256: 208 KB
 ** at V = 27).  Tile 15: the same with four producer warps (a whole
-** warpgroup), which tests whether the copies' issue bounds tile 14.
-** Measured (H100, lidar_198k, fp16, fwd us; 2026-11-23): tile 14 154 / 415 /
-** 818 at C = 64 / 128 / 256 against the swizzled all-warps tile 13's 113 /
-** 282 / 692; ncu at C = 256: tensor pipe 24.6%, issue slots 14.8%, warps
-** stalled mostly on L1TEX scoreboard (62%), so the consumers wait for data.
-** (An earlier tile 15, BN <= 128 at two blocks per SM, gave 144 / 271 / 868.) */
+** warpgroup).  Measured (H100, lidar_198k, fp16, fwd us, 2026-11-23):
+**   tile 14: 154 / 415 / 818 at C = 64 / 128 / 256 (ncu at 256: tensor pipe
+**            24.6% busy, issue slots 14.8%, warps stalled mostly on the L1TEX
+**            scoreboard: the consumers wait for data);
+**   tile 15: 273 / 552 at C = 128 / 256, dgrad 272 / 549;
+**   the all-warps swizzled tiles of conv_wgmma.cu: 113 (13) / 266 (12) / 695 (13).
+** So two warps cannot issue a stage's 1024 row copies fast enough; four can,
+** and tile 15 is tile 0 for n > 128 (conv.cu resolve_tile).  (An earlier
+** tile 15, BN <= 128 at two blocks per SM, measured 144 / 271 / 868.) */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_image_bn(tile, a.n);
   if (tile == 14) {
