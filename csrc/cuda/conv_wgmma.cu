@@ -329,13 +329,9 @@ tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int til
   return TSP_ERR_UNSUPPORTED;
 #else
   if (tile == 14 || tile == 15) return tsp_conv_wgmma_ws_check(dtype, a, tile);
-  if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
-  if (tile < 6 || tile > 13 || tile == TSP_TILE_TF32) return TSP_ERR_UNSUPPORTED;
-  if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
-      (a->n > 256 && tile != 8 && tile != 9 && tile != 12) || a->volume > TSP_IGEMM_MAX_VOLUME ||
-      a->red > 0x7fffffff || a->src_rows > 0x7fffffff)
+  if (!wg_launch_ok(dtype, a) || tile < 6 || tile > 13 || tile == TSP_TILE_TF32)
     return TSP_ERR_UNSUPPORTED;
-  if (((uintptr_t)a->src | (uintptr_t)a->w) % 16 != 0 || (uintptr_t)a->out % 4 != 0)
+  if ((a->n > 256 && tile != 8 && tile != 9 && tile != 12) || (uintptr_t)a->w % 16 != 0)
     return TSP_ERR_UNSUPPORTED;
   /* 256-row tiles with 4 stages of 128 columns leave room for the map rows of
   ** V <= 32 offsets in 227 KB of shared memory (wg_smem_bytes). */

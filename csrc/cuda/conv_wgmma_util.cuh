@@ -12,8 +12,22 @@
 
 #include <stdint.h>
 
+#include "conv_internal.cuh"
 #include "conv_mma.cuh"
 #include "conv_wgmma_ops.cuh"
+
+/* What every wgmma tile needs of a launch (host side): fp16/bf16, red and n
+** positive multiples of 8 that fit an int, V <= TSP_IGEMM_MAX_VOLUME, src
+** 16-byte and out 4-byte aligned.  Tile-specific limits and the device
+** check are the caller's. */
+static inline int wg_launch_ok(tsp_dtype dtype, const tsp_os_launch *a) {
+  if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return 0;
+  if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
+      a->volume > TSP_IGEMM_MAX_VOLUME || a->red > 0x7fffffff || a->n > 0x7fffffff ||
+      a->src_rows > 0x7fffffff)
+    return 0;
+  return (uintptr_t)a->src % 16 == 0 && (uintptr_t)a->out % 4 == 0;
+}
 
 /* Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start
 ** address, leading (K) and stride (8-row) byte offsets, all >> 4; base offset

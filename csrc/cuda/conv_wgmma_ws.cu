@@ -339,13 +339,7 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
   (void)dtype, (void)a, (void)tile;
   return TSP_ERR_UNSUPPORTED;
 #else
-  if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
-  if (tile != 14 && tile != 15) return TSP_ERR_UNSUPPORTED;
-  if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
-      a->volume > TSP_IGEMM_MAX_VOLUME || a->red > 0x7fffffff || a->src_rows > 0x7fffffff ||
-      a->n > 0x7fffffff)
-    return TSP_ERR_UNSUPPORTED;
-  if ((uintptr_t)a->src % 16 != 0 || (uintptr_t)a->out % 4 != 0) return TSP_ERR_UNSUPPORTED;
+  if (!wg_launch_ok(dtype, a) || (tile != 14 && tile != 15)) return TSP_ERR_UNSUPPORTED;
   const int bn = (int)ws_image_bn(tile, a->n);
   if (ws_smem_bytes(bn, ws_stages(tile, bn), (int)a->volume) > 232448) return TSP_ERR_UNSUPPORTED;
   if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
