@@ -12,8 +12,8 @@
 **     operands, V <= 64, compute capability >= 8.0: tensor cores
 **     (conv_implicit_gemm.cu for forward and dgrad, conv_wgrad.cu for wgrad);
 **     algo.tile 6-10 and 12-13 ask for the wgmma kernels of conv_wgmma.cu,
-**     14-15 the warp-specialized ones of conv_wgmma_ws.cu (slower so far: not
-**     chosen by tile 0 nor by the tuner), which exist in sm_90a builds
+**     14-15 the warp-specialized ones of conv_wgmma_ws.cu (15 is tile 0's
+**     choice for n > 128; 14 lost everywhere), which exist in sm_90a builds
 **     (TORCH_CUDA_ARCH_LIST=9.0a) and run on
 **     sm_90 devices; elsewhere those tiles fall back to the mma.sync kernel;
 **     tile 0 picks between them (resolve_tile), tile 3 is mma.sync's default;
@@ -115,7 +115,7 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->algo.tile);
   if (is_ws_tile(tile))
-    bytes = align256(tsp_conv_wgmma_ws_image_bytes(tile, p->volume, red, n));
+    bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n));
   else if (is_wgmma_tile(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0) bytes += (size_t)(rows * n) * sizeof(float);
@@ -179,9 +179,9 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   unsigned char *ws = (unsigned char *)workspace;
   size_t used = 0;
   if (kind == OS_WGMMA && is_ws_tile(tile)) { /* both passes: the weight image first */
-    const size_t wbytes = align256(tsp_conv_wgmma_ws_image_bytes(tile, a.volume, a.red, n));
+    const size_t wbytes = align256(tsp_conv_wgmma_ws_image_bytes(a.volume, a.red, n));
     if (ws == NULL || workspace_bytes < wbytes) return TSP_ERR_ARGUMENT;
-    tsp_status s = tsp_conv_wgmma_ws_image(dtype, &a, transposed_w, tile, ws);
+    tsp_status s = tsp_conv_wgmma_ws_image(dtype, &a, transposed_w, ws);
     if (s != TSP_OK) return s;
     a.w = ws;
     used = wbytes;

@@ -247,7 +247,7 @@ template <typename T, typename CFG> static tsp_status launch_igemm(const tsp_os_
 **   2: n > 128: 128 x 256 tiles with 16 warps, so C = 256 gathers each source
 **      row once per offset instead of twice; otherwise as 0.
 ** Any other value is 0 (3 names it explicitly: conv.cu resolves tile 0 to the
-** wgmma kernels of conv_wgmma.cu, tiles 6-10 and 12-13, on sm_90a).  Tried and
+** wgmma kernels, tiles 12, 13 and 15, on sm_90a).  Tried and
 ** dropped (2026-11-23, H100, lidar_198k): BK = 64 chunks and 64 x 64 warp
 ** tiles, 0-25% slower than 0 at C = 64-256. */
 template <typename T, bool TW> static tsp_status dispatch_igemm(const tsp_os_launch &a, int tile) {

@@ -198,10 +198,10 @@ int tsp_conv_wgmma_available(void); /* sm_90a build on an sm_90 device */
 tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void *wt);
 tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
-size_t tsp_conv_wgmma_ws_image_bytes(int tile, int64_t volume, int64_t red, int64_t n);
+size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n);
 tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w,
-                                   int tile, void *img);
+                                   void *img);
 tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 
 

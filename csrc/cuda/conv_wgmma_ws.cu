@@ -130,9 +130,9 @@ static __device__ __forceinline__ void cp_async16_zfill(void *dst, const void *s
 
 /* ------------------------------------------------------------ kernel --- */
 
-enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256 };
+enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256, WS_STAGES = 4 };
 
-/* Columns per block for n produced channels; the weight image is laid out for it. */
+/* Columns per block for n produced channels (both tiles); the weight image is laid out for it. */
 static int ws_bn(int64_t n) { return n <= 64 ? 64 : n <= 128 ? 128 : 256; }
 
 static size_t ws_smem_bytes(int bn, int stages, int volume) {
@@ -288,17 +288,6 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");
 }
 
-/* Column tile (and weight-image layout) for n produced channels. */
-static int ws_image_bn(int tile, int64_t n) {
-  (void)tile; /* both tiles: BN = 64, 128 or 256 covers n */
-  return ws_bn(n);
-}
-
-static int ws_stages(int tile, int bn) {
-  (void)tile, (void)bn;
-  return 4;
-}
-
 /* Tile 14: 4 stages, two producer warps, one block per SM (BN = 256: 208 KB
 ** at V = 27).  Tile 15: the same with four producer warps (a whole
 ** warpgroup).  Measured (H100, lidar_198k, fp16, fwd us, 2026-11-23):
@@ -311,25 +300,25 @@ static int ws_stages(int tile, int bn) {
 ** and tile 15 is tile 0 for n > 128 (conv.cu resolve_tile).  (An earlier
 ** tile 15, BN <= 128 at two blocks per SM, measured 144 / 271 / 868.) */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
-  const int bn = ws_image_bn(tile, a.n);
+  const int bn = ws_bn(a.n);
   if (tile == 14) {
-    if (bn == 64) return launch_ws<T, 64, 4, 2, 1>(a);
-    if (bn == 128) return launch_ws<T, 128, 4, 2, 1>(a);
-    return launch_ws<T, 256, 4, 2, 1>(a);
+    if (bn == 64) return launch_ws<T, 64, WS_STAGES, 2, 1>(a);
+    if (bn == 128) return launch_ws<T, 128, WS_STAGES, 2, 1>(a);
+    return launch_ws<T, 256, WS_STAGES, 2, 1>(a);
   }
-  if (bn == 64) return launch_ws<T, 64, 4, 4, 1>(a);
-  if (bn == 128) return launch_ws<T, 128, 4, 4, 1>(a);
-  return launch_ws<T, 256, 4, 4, 1>(a);
+  if (bn == 64) return launch_ws<T, 64, WS_STAGES, 4, 1>(a);
+  if (bn == 128) return launch_ws<T, 128, WS_STAGES, 4, 1>(a);
+  return launch_ws<T, 256, WS_STAGES, 4, 1>(a);
 }
 
 #endif /* TSP_WGMMA */
 
-size_t tsp_conv_wgmma_ws_image_bytes(int tile, int64_t volume, int64_t red, int64_t n) {
+size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n) {
 #ifndef TSP_WGMMA
-  (void)tile, (void)volume, (void)red, (void)n;
+  (void)volume, (void)red, (void)n;
   return 0;
 #else
-  const int64_t bn = ws_image_bn(tile, n);
+  const int64_t bn = ws_bn(n);
   return (size_t)(volume * ((red + 63) / 64 * 64) * ((n + bn - 1) / bn * bn)) * 2;
 #endif
 }
@@ -340,24 +329,23 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
   return TSP_ERR_UNSUPPORTED;
 #else
   if (!wg_launch_ok(dtype, a) || (tile != 14 && tile != 15)) return TSP_ERR_UNSUPPORTED;
-  const int bn = (int)ws_image_bn(tile, a->n);
-  if (ws_smem_bytes(bn, ws_stages(tile, bn), (int)a->volume) > 232448) return TSP_ERR_UNSUPPORTED;
+  if (ws_smem_bytes(ws_bn(a->n), WS_STAGES, (int)a->volume) > 232448) return TSP_ERR_UNSUPPORTED;
   if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
   return TSP_OK;
 #endif
 }
 
 tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w,
-                                   int tile, void *img) {
+                                   void *img) {
 #ifndef TSP_WGMMA
-  (void)dtype, (void)a, (void)transposed_w, (void)tile, (void)img;
+  (void)dtype, (void)a, (void)transposed_w, (void)img;
   return TSP_ERR_UNSUPPORTED;
 #else
   if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
   if (img == NULL || (uintptr_t)img % 16 != 0) return TSP_ERR_UNSUPPORTED;
-  const int bn = (int)ws_image_bn(tile, a->n);
+  const int bn = ws_bn(a->n);
   const int chunks = (int)((a->red + 63) / 64);
-  const int64_t total = (int64_t)tsp_conv_wgmma_ws_image_bytes(tile, a->volume, a->red, a->n) / 2;
+  const int64_t total = (int64_t)tsp_conv_wgmma_ws_image_bytes(a->volume, a->red, a->n) / 2;
   if (total <= 0) return TSP_OK;
   const unsigned blocks = (unsigned)((total + 255) / 256 < 132 * 8 ? (total + 255) / 256 : 132 * 8);
   ws_image_kernel<<<blocks, 256, 0, a->stream>>>((const uint16_t *)a->w, (int)a->volume, (int)a->red,
@@ -367,7 +355,7 @@ tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int 
 #endif
 }
 
-/* One launch; a->w is the image written by tsp_conv_wgmma_ws_image for this tile. */
+/* One launch; a->w is the image written by tsp_conv_wgmma_ws_image. */
 tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile) {
 #ifndef TSP_WGMMA
   (void)dtype, (void)a, (void)tile;
