@@ -53,13 +53,21 @@ static __device__ __forceinline__ tsp_tile_smem tsp_tile_smem_at(void *base, int
 }
 
 /* The tile of block blockIdx.x: its first row and first produced channel.
-** Column tiles vary fastest, so the blocks that gather the same rows run together. */
+** Column tiles vary fastest, so the blocks that gather the same rows run together.
+** Row tiles go in reverse (the launch is tiles_m * tiles_n blocks): the mask
+** order puts the rows with rare offsets, whose tiles use the most offsets,
+** last, and blocks start roughly in index order, so walking it forward left
+** the longest tiles for the final wave.  On lidar_198k (128-row tiles, 3x3x3)
+** the last tiles use 25-27 offsets against 6.8-12.6 on average; a greedy
+** schedule of those tile lengths over 132 SMs ends 13-30% past the ideal
+** forward and 2.5% past it reversed. */
 static __device__ __forceinline__ void tsp_tile_origin(int n, int bm, int bn, int64_t *row0,
                                                        int *n0) {
   const int tiles_n = (n + bn - 1) / bn;
-  const int64_t mt = blockIdx.x / tiles_n;
-  *n0 = (int)(blockIdx.x - mt * tiles_n) * bn;
-  *row0 = mt * bm;
+  const int64_t tiles_m = gridDim.x / tiles_n;
+  const int64_t b = blockIdx.x / tiles_n;
+  *n0 = (int)(blockIdx.x - b * tiles_n) * bn;
+  *row0 = (tiles_m - 1 - b) * bm;
 }
 
 /* `rows`: rows of map (order entries outside [0, rows) name no row);
