@@ -53,6 +53,8 @@ def mask_order(nbmap, offsets=-1):
     output-stationary tile skips the offsets none of its rows has.  The mask has one bit per
     offset k (set when nbmap[r, k] >= 0) at the offset's rank by row count, most common first
     (ties by k): rare offsets are the most significant bits, so rows sharing them are adjacent.
+    Rows are sorted by the mask's rank in the Gray code (FlexGEMM's order): neighbouring groups
+    of rows differ by one offset, so a tile that spans two groups takes one extra offset.
     Ties keep map order (rows sorted by coordinate), which keeps gathers local.
 
     `offsets` is a bit mask of the offsets that take part (bit k set: offset k does; -1, the

@@ -3,6 +3,7 @@
 ** CPU twin of cuda/mask_order.cu (same result: rows stably sorted by their
 ** presence bits).  The CPU conv kernels do not need it; it exists so the op
 ** behaves the same on both devices and the CUDA order has a reference.
+** Rows are sorted by the Gray rank of their mask (tsp_mask_gray_rank).
 ** Bit positions follow tsp_mask_rank.h (rarest offsets most significant).
 ** Offsets outside the `offsets` set count 0 and set no bit (torchsp.h).
 */
@@ -12,7 +13,8 @@
 #include "tsp_mask_rank.h"
 
 typedef struct {
-  uint64_t mask; /* bit rank(k) set when map[row, k] >= 0 and offset k is in the set */
+  uint64_t mask; /* Gray rank of the row's mask: bit rank(k) set when map[row, k] >= 0 and
+                 ** offset k is in the set (tsp_mask_rank.h) */
   int32_t row;
 } mask_row;
 
@@ -48,7 +50,7 @@ tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume
   for (int64_t r = 0; r < n_rows; ++r) {
     uint64_t m = 0;
     for (int64_t k = 0; k < volume; ++k) m |= map[r * volume + k] >= 0 ? value[k] : 0;
-    tmp[r].mask = m;
+    tmp[r].mask = tsp_mask_gray_rank(m);
     tmp[r].row = (int32_t)r;
   }
   qsort(tmp, (size_t)n_rows, sizeof(mask_row), cmp_mask_row);

@@ -6,7 +6,8 @@
 **
 ** A first pass counts the rows of each offset (bit positions: rarest offset
 ** most significant, tsp_mask_rank.h); then one thread per row packs its V
-** presence bits into a key (uint32 when V <= 32, else uint64); CUB's radix
+** presence bits into a mask and keys it by the mask's Gray rank
+** (tsp_mask_gray_rank; uint32 when V <= 32, else uint64); CUB's radix
 ** sort over the low V bits, which is
 ** stable, carries the row indices along: ties keep map order (rows sorted by
 ** coordinate), which keeps the gathers of a tile local.  About 25 us for
@@ -59,7 +60,7 @@ __global__ void mask_keys_kernel(const int32_t *__restrict__ map, int64_t n, int
     const int32_t *row = map + r * volume;
     K m = 0;
     for (int k = 0; k < volume; ++k) m |= row[k] >= 0 ? s_value[k] : (K)0;
-    keys[r] = m;
+    keys[r] = (K)tsp_mask_gray_rank((uint64_t)m);
     rows[r] = (int32_t)r;
   }
 }
