@@ -7,8 +7,8 @@ with an empty cache: per-layer measurements, then the end-to-end search of
 torchsp/tune_search.py against the forward and the training step).  Then the forward
 (no_grad, eval) and the training step (forward + backward of a mean-square loss) with the
 tuned choices and with every layer forced to one dataflow (torchsp.tune.set_fixed), in
-interleaved rounds (each round times every configuration once), median over --repeats
-rounds.  Every call gets a fresh SparseTensor (check=False: kernel maps rebuilt every call,
+interleaved rounds (each round times every configuration once, in a seeded random order),
+median over --repeats rounds.  Every call gets a fresh SparseTensor (check=False: kernel maps rebuilt every call,
 as a data loader gives them, without the coordinate validation).  Wall time with CUDA
 synchronisation, in milliseconds.
 
@@ -18,6 +18,7 @@ synchronisation, in milliseconds.
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -107,12 +108,20 @@ def main(argv=None):
         # later: with "tuned" always first (right after the slow hybrid runs), tuned choices equal
         # to the default in every layer measured 3% (forward) and 13% (training step) slower than
         # the default itself.
+        # Rotating the order still left each configuration the same predecessor ("tuned" always
+        # ran after the slow hybrid-t2): on 2026-11-23 tuned, with every fwd/dgrad choice equal to
+        # the default, measured 9% slower than os-sorted.  Each round now runs the configurations
+        # in a fresh random order (seeded), and every switch returns the allocator's cached
+        # blocks first, so no configuration inherits another's memory state.
         configs = ["tuned"] + [label for label in args.fixed]
         times = {label: ([], []) for label in configs}
         syncs = 0
         for r in range(args.repeats):
-            for label in configs[r % len(configs):] + configs[:r % len(configs)]:
+            for label in random.Random(r).sample(configs, len(configs)):
                 torchsp.tune.set_fixed(None if label == "tuned" else FIXED[label])
+                if args.device == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
                 try:
                     model.eval()
                     with torch.no_grad():

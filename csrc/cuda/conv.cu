@@ -36,19 +36,19 @@
 ** float64 is TSP_ERR_UNSUPPORTED (the CPU kernels serve gradcheck).
 **
 ** Measured (H100, tools/bench.py, fp16, lidar_198k.npz, map cached, CUDA
-** events, median of 50, us; floor of DESIGN.md 7; 2026-11-23, sm_90a build;
-** "fwd op" times torch.ops.torchsp.conv_fwd alone):
-**     layer        nb/row  floor  fwd op tile 0  tile 3 (mma.sync)  dgrad  wgrad  fwd+bwd  FlexGEMM fwd / fwd+bwd
-**     subm3 C32      3.5    13.6        72             72            73     90      607        419 / 1284
-**     subm3 C64      3.5    21.1       114            137           110    134      509        230 /  769
-**     subm3 C128     6.3    32.7       267            317           258    219      762        249 /  831
-**     subm3 C256     6.3   130.9       547           1040           539    678     1841        608 / 1669
+** events, median of 50, us; floor of DESIGN.md 7; 2026-11-23, sm_90a build,
+** one run with FlexGEMM; "fwd op" times torch.ops.torchsp.conv_fwd alone):
+**     layer        nb/row  floor  fwd op  dgrad  wgrad  fwd+bwd  FlexGEMM fwd / fwd+bwd
+**     subm3 C32      3.5    13.6      53     54     90      688        250 / 1242
+**     subm3 C64      3.5    21.1      92     88    133      803        199 / 1036
+**     subm3 C128     6.3    32.7     209    202    217      662        247 /  821
+**     subm3 C256     6.3   130.9     465    465    673     1656        616 / 1655
 ** (tile 0 is wgmma tile 13, 12, 15 at C = 64, 128, 256 and mma.sync at
-** C = 32; wgrad 128 x 128 tiles at C >= 128.  The same table before the
-** swizzled tiles: fwd 138 / 322 / 1040, wgrad 133 / 348 / 1293 at C = 64 /
-** 128 / 256; C = 256 before the warp-specialized tile 15: fwd 694, dgrad
-** 667, fwd+bwd 2114.  C = 256's row is from a later run than the others:
-** FlexGEMM there from the run that timed tile 15 explicitly, 552 us.)
+** C = 32; wgrad 128 x 128 tiles at C >= 128.  Tile 3 (mma.sync) in another
+** run: 96 / 247 at C = 64 / 128.  Before the reversed tile order and the
+** Gray-code row order (conv_tile.cuh, tsp_mask_rank.h): fwd 114 / 266 / 545
+** at C = 64 / 128 / 256; before the swizzled tiles 138 / 322 / 1040, wgrad
+** 133 / 348 / 1293; C = 256 before the warp-specialized tile 15: 694.)
 ** Reading a sorted tile's map rows with independent loads (conv_tile.cuh)
 ** took C = 32 from 104 to 73 us and C = 64 from 161 to 135.  At C >= 128
 ** every unswizzled kernel variant (mma.sync 32x64 or 64x64 warps, BK 32 or
