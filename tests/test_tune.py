@@ -46,6 +46,10 @@ def test_tune_caches_every_group_and_matches_reference(cache_dir):
     for entry in tuned.values():
         for p in tune.PASSES:
             assert entry[p] in tune.candidates("cpu", p)
+            # Every CPU candidate was timed: weight-stationary is a CPU kernel of its own (conv.c),
+            # not a CUDA segment plan that float64 would skip.
+            timed = sorted(str(a) for a, _ in entry["ranked"][p])
+            assert timed == sorted(str(a) for a in tune.candidates("cpu", p)), (p, timed)
     on_disk = json.loads((cache_dir / "tune.json").read_text())["choices"]
     assert set(tuned) <= set(on_disk)
     # Tuned run reads the cache and still matches the float64 reference.

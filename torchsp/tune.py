@@ -404,8 +404,10 @@ def _measure(feats, kmap, geom, weight):
     with torch.no_grad():
         for p in PASSES:
             algos = candidates(device.type, p, geom.kernel_size, det, tf32)
-            # Segments steer tensor-core tiles only: exact float32 would time the plain pass again.
-            algos = [a for a in algos if not segmented(a) or takes_segments(dtype, a)]
+            # CUDA segments steer tensor-core tiles only: exact float32 would time the plain pass
+            # again.  The CPU kernels run weight-stationary themselves (cpu/conv.c).
+            algos = [a for a in algos
+                     if device.type != "cuda" or not segmented(a) or takes_segments(dtype, a)]
             # The produced channels of the pass: tile 2 (128 x 256) is tile 0 below 129.
             n = w.shape[2] if p == "fwd" else w.shape[1]
             algos = [a for a in algos if not (device.type == "cuda" and a[1] == 2 and n <= 128)]
