@@ -107,7 +107,12 @@ typedef enum {
 ** mma.sync: cuda/conv.cu resolve_tile); 1-2 mma.sync shapes,
 ** 3 the mma.sync default shape; 6-10, 12-15 wgmma (sm_90a builds; 12-15 with
 ** 128-byte swizzled operands, 14-15 warp-specialized: producer warps copy,
-** consumer warpgroups multiply); any other value reads as 3.  On float32, TSP_TILE_TF32
+** consumer warpgroups multiply); any other value reads as 3.  wgrad's tile on
+** fp16/bf16: 0 the default (the wgmma wgrad of cuda/conv_wgmma_wgrad.cu when
+** both channel counts are >= 64 on sm_90a builds on sm_90 devices, else
+** mma.sync: cuda/conv.cu resolve_wgrad_tile); 12, 13, 15 its 128 x 128,
+** 64 x 64 and 128 x 256 tiles (c_in x c_out); any other value mma.sync
+** (cuda/conv_wgrad.cu).  On float32, TSP_TILE_TF32
 ** asks for tf32 tensor cores (mma.sync m16n8k8: operands rounded to tf32's
 ** 10-bit mantissa, unit roundoff 2^-11 instead of fp32's 2^-24, fp32
 ** accumulation) in whichever pass's algo carries it, forward, dgrad or wgrad, and

@@ -8,7 +8,7 @@ import torch
 
 import reference as ref
 import torchsp  # noqa: F401  (loads and registers torch.ops.torchsp)
-from conftest import random_coords, randn, rel_err
+from conftest import lidar_crop, poison_cuda_cache, random_coords, randn, rel_err
 
 ops = torch.ops.torchsp
 K3 = ([3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1])  # kernel, dilation, padding, step
@@ -288,6 +288,47 @@ def test_row_order_any_permutation(dtype, cin, cout):
     # wgrad: 128 x 128 tiles when both channel counts are >= 128, else 64 x 64 or 32 x 32
     dw = ops.conv_wgrad(x, dy, nbmap, [0, 0, 0, 0])
     assert rel_err(dw, ref.gather_wgrad(x.cpu(), nbmap.cpu().long(), dy.cpu())) <= tol
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cin,cout", [(64, 64), (96, 40), (72, 136), (136, 256), (264, 384)])
+@pytest.mark.parametrize("n", [3000, 37])
+def test_wgrad_tiles(dtype, cin, cout, n):
+    """wgrad on each tile against the fp64 gather reference: 0 (the default: conv_wgmma_wgrad.cu on
+    sm_90a builds when both channel counts are >= 64, else mma.sync), 3 (mma.sync), 12 (128 x 128
+    wgmma), 13 (64 x 64), 15 (128 x 256): partial channel tiles (96, 40, 72, 136, 264, 384), pair
+    counts no multiple of a 64-pair slab, one row chunk (n = 37) or several.  Each result lands in
+    NaN-poisoned memory and a second run is bitwise equal (no atomics)."""
+    c, out, nbmap, _ = _maps("cuda", n=n, seed=8)
+    x = randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1)
+    dy = randn(out.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+    want = ref.gather_wgrad(x.cpu(), nbmap.cpu().long(), dy.cpu())
+    assert want.abs().max() > 0
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    for tile in (0, 3, 12, 13, 15):
+        a = [0, tile, 0, 0]
+        poison_cuda_cache()
+        dw = ops.conv_wgrad(x, dy, nbmap, a)
+        assert rel_err(dw, want) <= tol, tile
+        poison_cuda_cache()
+        assert torch.equal(dw, ops.conv_wgrad(x, dy, nbmap, a)), tile
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_wgrad_tiles_real_scan():
+    """wgrad on each tile on a real LiDAR crop (7158 voxels at 0.1 m), 5x5x5 kernel, 256 -> 256
+    channels: two row chunks of ~3600 rows, so a block's pairs fill the 2048-pair list more than
+    once (the kernels' outer batch loop), against the fp64 gather reference (computed on the GPU)."""
+    c = lidar_crop().cuda()
+    x = torchsp.SparseTensor(randn(c.shape[0], 256, dtype=torch.float16, device="cuda", seed=1), c)
+    km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(5))[0]
+    dy = randn(km.nbmap.shape[0], 256, dtype=torch.float16, device="cuda", seed=3)
+    want = ref.gather_wgrad(x.feats, km.nbmap, dy)
+    for tile in (0, 3, 12, 13, 15):
+        poison_cuda_cache()
+        dw = ops.conv_wgrad(x.feats, dy, km.nbmap, [0, tile, 0, 0])
+        assert rel_err(dw, want) <= 5e-3, tile
 
 
 def test_row_order_bad_shape(device):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run one bench.py layer's forward (or dgrad) a few times, for a profiler to attach to.
+"""Run one bench.py layer's forward (or dgrad, or wgrad) a few times, for a profiler to attach to.
 
 Why: ncu (Nsight Compute) and compute-sanitizer want a short program that launches the
 kernel of interest a known number of times.  The layer, voxels and weights are
@@ -23,7 +23,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("layer", choices=[l[0] for l in bench.LAYERS])
     ap.add_argument("--algo", default="0,0,0,0", help="dataflow,tile,split,threshold")
-    ap.add_argument("--pass", dest="pass_name", default="fwd", choices=["fwd", "dgrad"])
+    ap.add_argument("--pass", dest="pass_name", default="fwd", choices=["fwd", "dgrad", "wgrad"])
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--data", default=None)
@@ -40,8 +40,10 @@ def main():
         for _ in range(args.repeats):
             if args.pass_name == "fwd":
                 torchsp.functional.sparse_conv3d(x, w, spec[2], algo=algo, **kw)
-            else:
+            elif args.pass_name == "dgrad":
                 torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, algo, km.order_t)
+            else:
+                torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, algo)
     torch.cuda.synchronize()
     print(f"{args.layer} {args.pass_name} {algo}: N_out {sz['n_out']}, pairs {sz['pairs']}, done")
 

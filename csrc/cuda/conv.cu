@@ -10,7 +10,9 @@
 ** synchronise, no host sync, current stream only):
 **   - fp16 / bf16, both channel counts multiples of 8, 16-byte aligned
 **     operands, V <= 64, compute capability >= 8.0: tensor cores
-**     (conv_implicit_gemm.cu for forward and dgrad, conv_wgrad.cu for wgrad);
+**     (conv_implicit_gemm.cu for forward and dgrad, conv_wgrad.cu for wgrad;
+**     wgrad tiles 12, 13, 15 and tile 0 at C >= 64 run conv_wgmma_wgrad.cu
+**     on sm_90a builds, resolve_wgrad_tile);
 **     algo.tile 6-10 and 12-13 ask for the wgmma kernels of conv_wgmma.cu,
 **     14-15 the warp-specialized ones of conv_wgmma_ws.cu (15 is tile 0's
 **     choice for n > 128; 14 lost everywhere), which exist in sm_90a builds
@@ -44,7 +46,10 @@
 **     subm3 C128     6.3    32.7     209    202    217      662        247 /  821
 **     subm3 C256     6.3   130.9     465    465    673     1656        616 / 1655
 ** (tile 0 is wgmma tile 13, 12, 15 at C = 64, 128, 256 and mma.sync at
-** C = 32; wgrad 128 x 128 tiles at C >= 128.  Tile 3 (mma.sync) in another
+** C = 32; wgrad 128 x 128 tiles at C >= 128.  wgrad on wgmma, tile 0 =
+** 13 / 12 / 15, later run without peers: 121 / 205 / 521 at C = 64 / 128
+** / 256, fwd+bwd 748 / 650 / 1508; A/B of the wgrad tiles in one run,
+** mma.sync 134 / 220 / 690 vs wgmma 122 / 206 / 531.  Tile 3 (mma.sync) in another
 ** run: 96 / 247 at C = 64 / 128.  Before the reversed tile order and the
 ** Gray-code row order (conv_tile.cuh, tsp_mask_rank.h): fwd 114 / 266 / 545
 ** at C = 64 / 128 / 256; before the swizzled tiles 138 / 322 / 1040, wgrad
@@ -100,6 +105,19 @@ static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int tile) {
   if (tile != 0 || !fast_dtype(dtype) || red < 64 || n < 64 || !tsp_conv_wgmma_available())
     return tile;
   return n > 128 ? 15 : n > 64 ? 12 : 13;
+}
+
+/* wgrad's algo.tile 0 on fp16/bf16 with both channel counts >= 64 (sm_90a
+** build, sm_90 device): the wgmma kernel of conv_wgmma_wgrad.cu, 128 x 256
+** tiles for c_out > 128, 128 x 128 above 64 channels, else 64 x 64; other
+** tiles 12, 13 and 15 ask for those shapes, any other value for mma.sync
+** (conv_wgrad.cu). */
+static int resolve_wgrad_tile(const tsp_conv_problem *p) {
+  const int tile = p->algo.tile;
+  if (tile != 0 || !fast_dtype(p->dtype) || p->c_in < 64 || p->c_out < 64 ||
+      !tsp_conv_wgmma_available())
+    return tile;
+  return p->c_out > 128 ? 15 : p->c_in > 64 || p->c_out > 64 ? 12 : 13;
 }
 
 /* float32 computed in tf32 on tensor cores: asked for by the pass's tile alone. */
@@ -284,6 +302,11 @@ tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, cons
                           "tsp_conv_wgrad: zero dw");
   if (workspace_bytes < tsp_conv_cuda_workspace(prob)) return TSP_ERR_ARGUMENT;
   float *partials = (float *)workspace;
+  const int tile = resolve_wgrad_tile(prob);
+  if (fast_dtype(prob->dtype) && (tile == 12 || tile == 13 || tile == 15)) {
+    s = tsp_conv_wgmma_wgrad(prob, x, dy, nbmap, dw, partials, tile, st);
+    if (s != TSP_ERR_UNSUPPORTED) return s;
+  }
   if ((fast_dtype(prob->dtype) || tf32_asked(prob->dtype, prob->algo.tile)) &&
       tsp_device_cc() >= 80) {
     s = tsp_conv_mma_wgrad(prob, x, dy, nbmap, dw, partials, st);

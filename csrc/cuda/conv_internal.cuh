@@ -204,5 +204,12 @@ tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int 
                                    void *img);
 tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 
+/* wgrad on wgmma (conv_wgmma_wgrad.cu; sm_90a builds on sm_90 devices, fp16 /
+** bf16, channels multiples of 8, tiles 12, 13, 15), else TSP_ERR_UNSUPPORTED;
+** partials as for tsp_conv_mma_wgrad. */
+tsp_status tsp_conv_wgmma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
+                                const int32_t *nbmap, void *dw, float *partials, int tile,
+                                cudaStream_t stream);
+
 
 #endif /* TSP_CONV_INTERNAL_CUH */

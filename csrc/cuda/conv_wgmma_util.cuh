@@ -1,7 +1,7 @@
 /*
-** conv_wgmma_util.cuh: what the two wgmma kernels (conv_wgmma.cu: all warps
+** conv_wgmma_util.cuh: what the wgmma kernels (conv_wgmma.cu: all warps
 ** load and compute; conv_wgmma_ws.cu: producer warps load, consumer
-** warpgroups compute) share: shared-memory matrix descriptors, the wgmma
+** warpgroups compute; conv_wgmma_wgrad.cu: wgrad) share: shared-memory matrix descriptors, the wgmma
 ** fence / commit / wait instructions and the m64nNk16 wrapper per N.
 ** Included by sm_90a translation units only (TSP_WGMMA); the instructions
 ** are emitted only when compiling device code for sm_90a (TSP_WGMMA_DEVICE,
@@ -49,6 +49,18 @@ static __device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem) {
          ((uint64_t)1 << 62);
 }
 
+/* The 128-byte swizzle for MN-major operands (wgrad's A and B, read with
+** imm-trans = 1): 64 channels (128 bytes) per K row, the 16-byte chunk c of
+** K row r stored at chunk c ^ (r % 8), K rows at a 128-byte pitch; SBO =
+** 1024 bytes to the next 8 K rows, LBO = `lbo` bytes to the next 64
+** channels (PTX ISA: "Leading Dimension Byte Offset", MN-major swizzled).
+** The atom must start 1024-byte aligned; a k16 slice starts 2048 bytes on. */
+static __device__ __forceinline__ uint64_t wg_desc_sw128_mn(const void *smem, uint32_t lbo) {
+  const uint64_t addr = tsp_smem_addr(smem);
+  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+         ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
 static __device__ __forceinline__ void wg_fence() {
 #ifdef TSP_WGMMA_DEVICE
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -76,20 +88,31 @@ template <int N> static __device__ __forceinline__ void acc_fence(float (&d)[N])
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/* wg_op<N>::run: D += A B for one k16 step, both operands K-major; run_tt:
+** both MN-major. */
 template <int BN> struct wg_op;
 template <> struct wg_op<64> {
   template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_m64n64k16(d, a, b, T());
+  }
+  template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_tt_m64n64k16(d, a, b, T());
   }
 };
 template <> struct wg_op<128> {
   template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_m64n128k16(d, a, b, T());
   }
+  template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_tt_m64n128k16(d, a, b, T());
+  }
 };
 template <> struct wg_op<256> {
   template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_m64n256k16(d, a, b, T());
+  }
+  template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_tt_m64n256k16(d, a, b, T());
   }
 };
 

@@ -20,6 +20,10 @@
 ** conflict free keep those loads conflict free too (rows t of a fragment
 ** start t * 8 words apart mod 32, lanes g add 0..7).
 **
+** On sm_90a builds fp16/bf16 wgrad with both channel counts >= 64 runs
+** conv_wgmma_wgrad.cu instead (same chunks, pair lists and partials); this
+** kernel stays for smaller channel counts, tf32 and other GPUs.
+**
 ** Chunks (conv_internal.cuh) write fp32 partials [chunks, V, c_in, c_out] to
 ** the workspace and tsp_conv_reduce_partials adds them in chunk order; with
 ** one chunk the block writes dw itself.  The map column is read with a stride
@@ -29,10 +33,9 @@
 */
 #include "conv_internal.cuh"
 #include "conv_mma.cuh"
+#include "conv_wgrad_pairs.cuh"
 
-/* WG_ROWS map entries per thread are loaded before each compaction so that
-** they are in flight together (one at a time cost a round trip per 128 rows). */
-enum { WG_BK = 32, WG_LIST = 2048, WG_STAGES = 4, WG_ROWS = 4 };
+enum { WG_BK = 32, WG_STAGES = 4 };
 
 template <int BM_, int BN_, int WM_, int WN_> struct wgrad_cfg {
   enum {
@@ -44,8 +47,8 @@ template <int BM_, int BN_, int WM_, int WN_> struct wgrad_cfg {
 };
 
 template <typename T, typename CFG> static size_t wgrad_smem_bytes() {
-  return (size_t)WG_STAGES * (CFG::A_STAGE + CFG::B_STAGE) * sizeof(T) + (size_t)WG_LIST * 8 +
-         (size_t)WG_ROWS * CFG::WARPS * 4;
+  return (size_t)WG_STAGES * (CFG::A_STAGE + CFG::B_STAGE) * sizeof(T) +
+         tsp_wgrad_list_bytes(CFG::WARPS, WG_LIST, WG_ROWS);
 }
 
 /* One slab's products, acc += A B with A = the slab's x rows (stored
@@ -131,7 +134,6 @@ __global__ void __launch_bounds__(CFG::THREADS)
   enum { BM = CFG::BM, BN = CFG::BN, NT = CFG::THREADS, MI = CFG::MI, NI = CFG::NI };
   enum { A_LD = CFG::A_LD, B_LD = CFG::B_LD, STAGES = WG_STAGES, BK = WG_BK };
   enum { VEC = 16 / (int)sizeof(T) }; /* elements per 16-byte copy */
-  static_assert(WG_LIST >= WG_ROWS * NT, "the list holds one batch");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *s_a = (T *)smem_raw;
@@ -141,16 +143,8 @@ __global__ void __launch_bounds__(CFG::THREADS)
   int32_t *s_warp = s_q + WG_LIST;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int tiles_n = (c_out + BN - 1) / BN, tiles_m = (c_in + BM - 1) / BM;
-  int64_t b = blockIdx.x;
-  const int n0 = (int)(b % tiles_n) * BN;
-  b /= tiles_n;
-  const int m0 = (int)(b % tiles_m) * BM;
-  b /= tiles_m;
-  const int k = (int)(b % volume);
-  const int64_t chunk = b / volume;
-  const int64_t q0 = chunk * rows_per_chunk;
-  const int64_t q1 = q0 + rows_per_chunk < n_out ? q0 + rows_per_chunk : n_out;
+  const tsp_wgrad_block blk = tsp_wgrad_block_at(BM, BN, c_in, c_out, volume, rows_per_chunk, n_out);
+  const int n0 = blk.n0, m0 = blk.m0, k = blk.k;
 
   float acc[MI][NI][4];
 #pragma unroll
@@ -163,47 +157,9 @@ __global__ void __launch_bounds__(CFG::THREADS)
   const int warp_m = warp / CFG::WARPS_N, warp_n = warp % CFG::WARPS_N;
   const int wm0 = warp_m * CFG::WM, wn0 = warp_n * CFG::WN;
 
-  int64_t scan = q0;
-  while (scan < q1) { /* block-uniform */
-    /* Compact present pairs of rows [scan, ...) into the list, in row order. */
-    int count = 0;
-    while (scan < q1 && count + WG_ROWS * NT <= WG_LIST) {
-      int32_t p[WG_ROWS];
-#pragma unroll
-      for (int j = 0; j < WG_ROWS; ++j) {
-        const int64_t q = scan + j * NT + tid;
-        p[j] = q < q1 ? map[q * volume + k] : -1;
-      }
-      unsigned ballot[WG_ROWS];
-#pragma unroll
-      for (int j = 0; j < WG_ROWS; ++j) {
-        if (p[j] < 0 || (int64_t)p[j] >= n_in) p[j] = -1;
-        ballot[j] = __ballot_sync(0xffffffffu, p[j] >= 0);
-        if (lane == 0) s_warp[j * CFG::WARPS + warp] = __popc(ballot[j]);
-      }
-      __syncthreads();
-      /* Pairs land in row order: batch j, then warp, then lane. */
-      int offset = count;
-#pragma unroll
-      for (int j = 0; j < WG_ROWS; ++j) {
-        int before = 0, total = 0;
-        for (int w = 0; w < CFG::WARPS; ++w) {
-          const int c = s_warp[j * CFG::WARPS + w];
-          before += w < warp ? c : 0;
-          total += c;
-        }
-        if (p[j] >= 0) {
-          const int pos = offset + before + __popc(ballot[j] & ((1u << lane) - 1));
-          s_p[pos] = p[j];
-          s_q[pos] = (int32_t)(scan + j * NT + tid);
-        }
-        offset += total;
-      }
-      count = offset;
-      scan += WG_ROWS * NT;
-      __syncthreads(); /* s_warp is rewritten next batch; the list is read below */
-    }
-
+  int64_t scan = blk.q0;
+  while (scan < blk.q1) { /* block-uniform */
+    const int count = tsp_wgrad_compact<NT, WG_LIST, WG_ROWS>(map, volume, k, n_in, &scan, blk.q1, s_p, s_q, s_warp);
     const int slabs = (count + BK - 1) / BK;
     auto load_slab = [&](int slab, int stage) {
       T *a_dst = s_a + stage * CFG::A_STAGE;
@@ -245,7 +201,6 @@ __global__ void __launch_bounds__(CFG::THREADS)
     __syncthreads(); /* stages and list are reused by the next batch */
   }
 
-  const int64_t count_vcc = (int64_t)c_in * c_out;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -255,15 +210,9 @@ __global__ void __launch_bounds__(CFG::THREADS)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int m = m0 + wm0 + mi * 16 + (lane >> 2) + h * 8;
-        if (m >= c_in) continue;
-        const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
-        if (partials) {
-          float2 *dst = (float2 *)(partials + (chunk * volume + k) * count_vcc +
-                                   (int64_t)m * c_out + col);
-          *dst = make_float2(v0, v1);
-        } else {
-          tsp_store2(dw + (int64_t)k * count_vcc + (int64_t)m * c_out + col, v0, v1);
-        }
+        if (m < c_in)
+          tsp_wgrad_store2(partials, dw, blk.chunk, volume, k, c_in, c_out, m, col,
+                           acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
       }
     }
 }

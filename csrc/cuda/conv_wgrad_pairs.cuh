@@ -1,0 +1,124 @@
+/*
+** conv_wgrad_pairs.cuh: what the two tensor-core wgrad kernels share
+** (conv_wgrad.cu on mma.sync, conv_wgmma_wgrad.cu on wgmma): the
+** compaction of one map column into a shared-memory pair list and the store
+** of two adjacent dw (or fp32 partial) elements.
+**
+** A wgrad block owns (row chunk, offset k, c_in tile, c_out tile); rows are
+** the reduction dimension, so its pairs are the rows q of the chunk with
+** nbmap[q, k] present.  They are compacted in row order (warp ballots), which
+** fixes the summation order: the result is bitwise reproducible.
+*/
+#ifndef TSP_CONV_WGRAD_PAIRS_CUH
+#define TSP_CONV_WGRAD_PAIRS_CUH
+
+#include <stdint.h>
+
+#include "conv_internal.cuh"
+
+/* The pair list of a batch: LIST pairs (s_p, s_q); ROWS map entries per
+** thread are loaded before each compaction round so that they are in flight
+** together (one at a time cost a round trip per 128 rows).  conv_wgrad.cu
+** uses WG_LIST x WG_ROWS; conv_wgmma_wgrad.cu a longer list and more rows in
+** flight (see there). */
+enum { WG_LIST = 2048, WG_ROWS = 4 };
+
+/* Shared memory of a pair list: s_p, s_q, then `rows` counts per warp. */
+static inline size_t tsp_wgrad_list_bytes(int warps, int list, int rows) {
+  return (size_t)list * 8 + (size_t)rows * warps * 4;
+}
+
+/* What a wgrad block owns: c_out columns from n0, c_in rows from m0 (tiles
+** of bn x bm), offset k, and the output rows [q0, q1) of its chunk.  Block
+** indices run c_out tiles fastest, then c_in tiles, offsets, chunks, so the
+** blocks resident together share a chunk's rows in L2. */
+typedef struct {
+  int n0, m0, k;
+  int64_t chunk, q0, q1;
+} tsp_wgrad_block;
+
+static __device__ __forceinline__ tsp_wgrad_block tsp_wgrad_block_at(int bm, int bn, int c_in,
+                                                                     int c_out, int volume,
+                                                                     int64_t rows_per_chunk,
+                                                                     int64_t n_out) {
+  const int tiles_n = (c_out + bn - 1) / bn, tiles_m = (c_in + bm - 1) / bm;
+  int64_t b = blockIdx.x;
+  tsp_wgrad_block o;
+  o.n0 = (int)(b % tiles_n) * bn;
+  b /= tiles_n;
+  o.m0 = (int)(b % tiles_m) * bm;
+  b /= tiles_m;
+  o.k = (int)(b % volume);
+  o.chunk = b / volume;
+  o.q0 = o.chunk * rows_per_chunk;
+  o.q1 = o.q0 + rows_per_chunk < n_out ? o.q0 + rows_per_chunk : n_out;
+  return o;
+}
+
+/* Compacts the present pairs of map column k over rows [*scan, q1) into
+** s_p (input rows) and s_q (output rows) until the LIST-pair list could overflow;
+** advances *scan past the rows read and returns the pair count.  Called by
+** all NT threads (block-uniform); ends with a barrier, so the list is ready
+** and s_warp free.  Entries outside [0, n_in) count as absent. */
+template <int NT, int LIST, int ROWS>
+static __device__ __forceinline__ int tsp_wgrad_compact(const int32_t *__restrict__ map, int volume,
+                                                        int k, int64_t n_in, int64_t *scan,
+                                                        int64_t q1, int32_t *s_p, int32_t *s_q,
+                                                        int32_t *s_warp) {
+  enum { WARPS = NT / 32 };
+  static_assert(LIST >= ROWS * NT, "the list holds one batch");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int count = 0;
+  while (*scan < q1 && count + ROWS * NT <= LIST) {
+    int32_t p[ROWS];
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) {
+      const int64_t q = *scan + j * NT + tid;
+      p[j] = q < q1 ? map[q * volume + k] : -1;
+    }
+    unsigned ballot[ROWS];
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) {
+      if (p[j] < 0 || (int64_t)p[j] >= n_in) p[j] = -1;
+      ballot[j] = __ballot_sync(0xffffffffu, p[j] >= 0);
+      if (lane == 0) s_warp[j * WARPS + warp] = __popc(ballot[j]);
+    }
+    __syncthreads();
+    /* Pairs land in row order: batch j, then warp, then lane. */
+    int offset = count;
+#pragma unroll
+    for (int j = 0; j < ROWS; ++j) {
+      int before = 0, total = 0;
+      for (int w = 0; w < WARPS; ++w) {
+        const int c = s_warp[j * WARPS + w];
+        before += w < warp ? c : 0;
+        total += c;
+      }
+      if (p[j] >= 0) {
+        const int pos = offset + before + __popc(ballot[j] & ((1u << lane) - 1));
+        s_p[pos] = p[j];
+        s_q[pos] = (int32_t)(*scan + j * NT + tid);
+      }
+      offset += total;
+    }
+    count = offset;
+    *scan += ROWS * NT;
+    __syncthreads(); /* s_warp is rewritten next batch; the list is read after */
+  }
+  return count;
+}
+
+/* dw[k][m][col..col+1] = (v0, v1), or with row chunks the fp32 partials
+** [chunks, V, c_in, c_out] of this chunk (tsp_conv_reduce_partials adds them). */
+template <typename T>
+static __device__ __forceinline__ void tsp_wgrad_store2(float *partials, T *dw, int64_t chunk,
+                                                        int volume, int k, int c_in, int c_out,
+                                                        int m, int col, float v0, float v1) {
+  const int64_t vcc = (int64_t)c_in * c_out, at = (int64_t)m * c_out + col;
+  if (partials)
+    *(float2 *)(partials + (chunk * volume + k) * vcc + at) = make_float2(v0, v1);
+  else
+    tsp_store2(dw + (int64_t)k * vcc + at, v0, v1);
+}
+
+#endif /* TSP_CONV_WGRAD_PAIRS_CUH */
