@@ -7,10 +7,18 @@ with an empty cache: per-layer measurements, then the end-to-end search of
 torchsp/tune_search.py against the forward and the training step).  Then the forward
 (no_grad, eval) and the training step (forward + backward of a mean-square loss) with the
 tuned choices and with every layer forced to one dataflow (torchsp.tune.set_fixed), in
-interleaved rounds (each round times every configuration once, in a seeded random order),
-median over --repeats rounds.  Every call gets a fresh SparseTensor (check=False: kernel maps rebuilt every call,
-as a data loader gives them, without the coordinate validation).  Wall time with CUDA
-synchronisation, in milliseconds.
+interleaved rounds: each round times every configuration --calls times (after one untimed
+call), in a seeded random order, and keeps the median.  Every call gets a fresh SparseTensor
+(check=False: kernel maps rebuilt every call, as a data loader gives them, without the
+coordinate validation).  Wall time with CUDA synchronisation, in milliseconds.
+
+How to read it: whole-model times drift by more than the choices change (2026-11-23: tuned
+and os-sorted, identical kernels, 23% apart in one run).  So the summary compares
+configurations round by round (ratio best-fixed / tuned within each round, where drift hits
+both alike) and reports the median and quartiles of those paired ratios, and a control
+configuration "tuned-again" (the tuned choices, timed as a separate configuration) whose
+paired ratio against "tuned" is the noise floor: a ratio inside the control's quartiles is
+no difference.
 
     python tools/bench_models.py --device cuda --dtype float16 --voxel-size 0.05
     python tools/bench_models.py --device cpu --dtype float32 --voxel-size 0.5 --repeats 2   # smoke test
@@ -47,12 +55,22 @@ FIXED = {
 }
 
 
+def _paired(other, tuned):
+    """'median [q1, q3]' of other[r] / tuned[r] over the rounds r both were timed in."""
+    ratios = sorted(o / t for o, t in zip(other, tuned))
+    if len(ratios) < 4:
+        return f"{statistics.median(ratios):.3f}"
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return f"{statistics.median(ratios):.3f} [{q1:.3f}, {q3:.3f}]"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float16", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--voxel-size", type=float, default=0.05)
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=10, help="interleaved rounds")
+    ap.add_argument("--calls", type=int, default=3, help="timed calls per configuration per round (median)")
     ap.add_argument("--models", default="minkunet,resnet21d")
     ap.add_argument("--no-search", action="store_true", help="per-layer tuning only (no end-to-end search)")
     ap.add_argument("--fixed", nargs="*", default=list(FIXED), help=f"subset of {list(FIXED)}")
@@ -68,7 +86,7 @@ def main(argv=None):
     index_coords[:, 1:] -= index_coords[:, 1:].amin(0)
     print(f"# bench_models: {coords.shape[0]} voxels at {args.voxel_size} m, {args.device} "
           f"({torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}), {args.dtype}, "
-          f"median of {args.repeats}, ms, maps rebuilt per call")
+          f"{args.repeats} rounds x {args.calls} calls, ms, maps rebuilt per call")
     models = {"minkunet": (lambda: MinkUNet(4, 19, cr=1.0), coords),
               "resnet21d": (lambda: SparseResNet21D(4), index_coords)}
     rows = []
@@ -113,12 +131,12 @@ def main(argv=None):
         # the default, measured 9% slower than os-sorted.  Each round now runs the configurations
         # in a fresh random order (seeded), and every switch returns the allocator's cached
         # blocks first, so no configuration inherits another's memory state.
-        configs = ["tuned"] + [label for label in args.fixed]
+        configs = ["tuned", "tuned-again"] + [label for label in args.fixed]
         times = {label: ([], []) for label in configs}
         syncs = 0
         for r in range(args.repeats):
             for label in random.Random(r).sample(configs, len(configs)):
-                torchsp.tune.set_fixed(None if label == "tuned" else FIXED[label])
+                torchsp.tune.set_fixed(FIXED[label] if label in FIXED else None)
                 if args.device == "cuda":
                     torch.cuda.synchronize()
                     torch.cuda.empty_cache()
@@ -126,11 +144,11 @@ def main(argv=None):
                     model.eval()
                     with torch.no_grad():
                         forward()
-                        times[label][0].append(timed(forward, args.device, 1))
+                        times[label][0].append(timed(forward, args.device, args.calls))
                     model.train()
                     step()
                     before = torchsp.tune._state["stat_syncs"]
-                    times[label][1].append(timed(step, args.device, 1))
+                    times[label][1].append(timed(step, args.device, args.calls))
                     if label == "tuned":
                         syncs += torchsp.tune._state["stat_syncs"] - before
                     model.zero_grad(set_to_none=True)
@@ -142,23 +160,28 @@ def main(argv=None):
         for label in configs:
             fwd, st = (statistics.median(v) for v in times[label])
             extra = f"[{syncs} statistics syncs in {args.repeats} tuned steps]" if label == "tuned" and syncs else ""
-            rows.append((name, label, fwd, st, extra))
+            rows.append((name, label, fwd, st, extra, times[label]))
             print(f"{name:10s} {label:12s} forward {fwd:8.2f}  train step {st:8.2f}  {extra}", flush=True)
-        del model
+        model = None  # frees the parameters before the next model is built
         if args.device == "cuda":
             torch.cuda.empty_cache()
 
-    print("\n# tuned vs best fixed dataflow, interleaved rounds (ratio > 1: tuned is faster)")
+    print("\n# tuned vs best fixed dataflow, paired by round (ratio = other / tuned within a round; "
+          "> 1: tuned is faster); median [quartiles] over rounds; tuned-again is the noise control")
     for name in dict.fromkeys(r[0] for r in rows):
-        rs = [r for r in rows if r[0] == name]
-        t = [r for r in rs if r[1] == "tuned"][0]
-        fixed = [r for r in rs if not r[1].startswith("tuned")]
-        if not fixed:
+        rs = {r[1]: r for r in rows if r[0] == name}
+        if "tuned" not in rs:
             continue
-        bf = min(fixed, key=lambda r: r[2])
-        bs = min(fixed, key=lambda r: r[3])
-        print(f"{name:10s} forward tuned {t[2]:7.2f} best fixed {bf[2]:7.2f} ({bf[1]}) ratio {bf[2] / t[2]:.2f} | "
-              f"train tuned {t[3]:7.2f} best fixed {bs[3]:7.2f} ({bs[1]}) ratio {bs[3] / t[3]:.2f}")
+        fixed = [r for label, r in rs.items() if label in FIXED]
+        for i, what in ((0, "forward"), (1, "train step")):
+            parts = []
+            control = rs.get("tuned-again")
+            if control:
+                parts.append("control " + _paired(control[5][i], rs["tuned"][5][i]))
+            if fixed:
+                best = min(fixed, key=lambda r: r[2 + i])
+                parts.append(f"best fixed ({best[1]}) " + _paired(best[5][i], rs["tuned"][5][i]))
+            print(f"{name:10s} {what:10s} tuned {rs['tuned'][2 + i]:7.2f} ms | " + " | ".join(parts))
     return 0
 
 
