@@ -302,9 +302,8 @@ tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, cons
                           "tsp_conv_wgrad: zero dw");
   if (workspace_bytes < tsp_conv_cuda_workspace(prob)) return TSP_ERR_ARGUMENT;
   float *partials = (float *)workspace;
-  const int tile = resolve_wgrad_tile(prob);
-  if (fast_dtype(prob->dtype) && (tile == 12 || tile == 13 || tile == 15)) {
-    s = tsp_conv_wgmma_wgrad(prob, x, dy, nbmap, dw, partials, tile, st);
+  if (fast_dtype(prob->dtype)) { /* unsupported tiles and shapes fall through to mma.sync */
+    s = tsp_conv_wgmma_wgrad(prob, x, dy, nbmap, dw, partials, resolve_wgrad_tile(prob), st);
     if (s != TSP_ERR_UNSUPPORTED) return s;
   }
   if ((fast_dtype(prob->dtype) || tf32_asked(prob->dtype, prob->algo.tile)) &&

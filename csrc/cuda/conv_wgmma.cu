@@ -349,7 +349,7 @@ tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void 
 #else
   if (wt == NULL || (uintptr_t)wt % 16 != 0) return TSP_ERR_UNSUPPORTED;
   const int64_t total = a->volume * a->red * a->n;
-  const unsigned blocks = (unsigned)((total + 255) / 256 < 132 * 8 ? (total + 255) / 256 : 132 * 8);
+  const unsigned blocks = tsp_grid_blocks_max(total, 256, 132 * 8); /* one wave on an H100 */
   if (total <= 0) return TSP_OK;
   if (dtype == TSP_FLOAT16)
     wg_transpose_kernel<__half><<<blocks, 256, 0, a->stream>>>(

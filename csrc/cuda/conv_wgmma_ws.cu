@@ -347,7 +347,7 @@ tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int 
   const int chunks = (int)((a->red + 63) / 64);
   const int64_t total = (int64_t)tsp_conv_wgmma_ws_image_bytes(a->volume, a->red, a->n) / 2;
   if (total <= 0) return TSP_OK;
-  const unsigned blocks = (unsigned)((total + 255) / 256 < 132 * 8 ? (total + 255) / 256 : 132 * 8);
+  const unsigned blocks = tsp_grid_blocks_max(total, 256, 132 * 8); /* one wave on an H100 */
   ws_image_kernel<<<blocks, 256, 0, a->stream>>>((const uint16_t *)a->w, (int)a->volume, (int)a->red,
                                                  (int)a->n, transposed_w, bn, chunks, total,
                                                  (uint16_t *)img);

@@ -27,13 +27,18 @@ static inline tsp_status tsp_cuda_check_launch(const char *where) {
   return tsp_cuda_check(cudaGetLastError(), where);
 }
 
-/* Blocks for n items at `threads` per block, capped so gridDim.x stays legal;
-** kernels use grid-stride loops with int64 indices. */
-static inline unsigned int tsp_grid_blocks(int64_t n, int threads) {
+/* Blocks for n items at `threads` per block, at least 1 and at most
+** max_blocks; kernels use grid-stride loops with int64 indices. */
+static inline unsigned int tsp_grid_blocks_max(int64_t n, int threads, int64_t max_blocks) {
   int64_t b = (n + threads - 1) / threads;
+  if (b > max_blocks) b = max_blocks;
   if (b < 1) b = 1;
-  if (b > 65535LL * 32) b = 65535LL * 32;
   return (unsigned int)b;
+}
+
+/* The same, capped only so gridDim.x stays legal. */
+static inline unsigned int tsp_grid_blocks(int64_t n, int threads) {
+  return tsp_grid_blocks_max(n, threads, 65535LL * 32);
 }
 
 #endif /* TSP_CUDA_COMMON_CUH */

@@ -602,10 +602,7 @@ extern "C" size_t tsp_kernel_map_cuda_workspace(const tsp_kernel *kern, tsp_kmap
 }
 
 /* Grid for `n` grid-stride items: a few waves at most, so per-thread setup (the box layout) amortises. */
-static unsigned int kmap_blocks(int64_t n) {
-  unsigned int b = tsp_grid_blocks(n, KMAP_THREADS);
-  return b > 132 * 16 ? 132 * 16 : b;
-}
+static unsigned int kmap_blocks(int64_t n) { return tsp_grid_blocks_max(n, KMAP_THREADS, 132 * 16); }
 
 /*
 ** The hash path: clear, insert (+ fill), query (one launch per row chunk).
@@ -637,8 +634,7 @@ static tsp_status kernel_map_hash(const tsp_kernel *kern, const kmap_plan *plan,
   const int64_t insert_items = fill_rows * (volume - first) > n_in ? fill_rows * (volume - first)
                                                                    : n_in;
   /* One wave (8 blocks of 256 on each of an H100's 132 SMs): the fill overlaps the inserts. */
-  const unsigned int insert_blocks = kmap_blocks(insert_items) < 132 * 8 ? kmap_blocks(insert_items)
-                                                                          : 132 * 8;
+  const unsigned int insert_blocks = tsp_grid_blocks_max(insert_items, KMAP_THREADS, 132 * 8);
   hash_insert_fill_kernel<<<insert_blocks, KMAP_THREADS, 0, s>>>(
       in_coords, n_in, in_aligned, zshift, table, bucket_mask, unpackable, nbmap, fill_rows,
       volume, first, div_upper);
