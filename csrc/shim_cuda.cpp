@@ -189,7 +189,7 @@ at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at
   at::Tensor dw = at::empty({p.volume, p.c_in, p.c_out}, x.options());
   if (dw.numel() == 0) return dw;
   if (p.n_out == 0 || p.n_in == 0) return dw.zero_();
-  at::Tensor ws = workspace(tsp_conv_cuda_workspace(&p), x);
+  at::Tensor ws = workspace(tsp_conv_cuda_wgrad_workspace(&p), x);
   check_status(tsp_conv_wgrad_cuda(&p, x.data_ptr(), dy.data_ptr(), nbmap.data_ptr<int32_t>(),
                                    dw.data_ptr(), ws.data_ptr(), static_cast<size_t>(ws.numel()),
                                    current_stream()),

@@ -108,11 +108,15 @@ typedef enum {
 ** 3 the mma.sync default shape; 6-10, 12-15 wgmma (sm_90a builds; 12-15 with
 ** 128-byte swizzled operands, 14-15 warp-specialized: producer warps copy,
 ** consumer warpgroups multiply); any other value reads as 3.  wgrad's tile on
-** fp16/bf16: 0 the default (the wgmma wgrad of cuda/conv_wgmma_wgrad.cu when
-** both channel counts are >= 64 on sm_90a builds on sm_90 devices, else
-** mma.sync: cuda/conv.cu resolve_wgrad_tile); 12, 13, 15 its 128 x 128,
+** fp16/bf16: 0 the default (the wgmma wgrad of cuda/conv_wgmma_wgrad.cu over
+** pair pieces, whatever the dataflow, when both channel counts are >= 64 on
+** sm_90a builds on sm_90 devices, else mma.sync: cuda/conv.cu resolve_wgrad); 12, 13, 15 its 128 x 128,
 ** 64 x 64 and 128 x 256 tiles (c_in x c_out); any other value mma.sync
-** (cuda/conv_wgrad.cu).  On float32, TSP_TILE_TF32
+** (cuda/conv_wgrad.cu).  wgrad's dataflow on the wgmma tiles: 0 splits the
+** rows into chunks, each block summing one offset of one chunk; 1 builds the
+** map's pair list in the workspace and cuts it into equal pieces across
+** offsets (algo.split scales their number; cuda/conv_wgrad_pairs.cuh), so
+** the centre offset no longer sets the length.  On float32, TSP_TILE_TF32
 ** asks for tf32 tensor cores (mma.sync m16n8k8: operands rounded to tf32's
 ** 10-bit mantissa, unit roundoff 2^-11 instead of fp32's 2^-24, fp32
 ** accumulation) in whichever pass's algo carries it, forward, dgrad or wgrad, and
@@ -305,6 +309,9 @@ tsp_status tsp_kernel_map_transpose_cuda(const int32_t *nbmap, int64_t n_out, in
 ** algo.tile == TSP_TILE_TF32), float16, bfloat16, fp32 accumulation.  Map
 ** entries outside their valid range are treated as -1. */
 size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob);
+/* wgrad's workspace (tsp_conv_cuda_workspace covers every pass but wgrad's
+** dataflow 1, whose pair list it holds). */
+size_t tsp_conv_cuda_wgrad_workspace(const tsp_conv_problem *prob);
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
                              const int32_t *nbmap, void *y, void *workspace,
                              size_t workspace_bytes, tsp_cuda_stream stream);

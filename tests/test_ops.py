@@ -295,40 +295,76 @@ def test_row_order_any_permutation(dtype, cin, cout):
 @pytest.mark.parametrize("cin,cout", [(64, 64), (96, 40), (72, 136), (136, 256), (264, 384)])
 @pytest.mark.parametrize("n", [3000, 37])
 def test_wgrad_tiles(dtype, cin, cout, n):
-    """wgrad on each tile against the fp64 gather reference: 0 (the default: conv_wgmma_wgrad.cu on
-    sm_90a builds when both channel counts are >= 64, else mma.sync), 3 (mma.sync), 12 (128 x 128
-    wgmma), 13 (64 x 64), 15 (128 x 256): partial channel tiles (96, 40, 72, 136, 264, 384), pair
-    counts no multiple of a 64-pair slab, one row chunk (n = 37) or several.  Each result lands in
-    NaN-poisoned memory and a second run is bitwise equal (no atomics)."""
+    """wgrad on each tile against the fp64 gather reference: 0 (the default: conv_wgmma_wgrad.cu over
+    pair pieces on sm_90a builds when both channel counts are >= 64, else mma.sync), 3 (mma.sync), 12 (128 x 128
+    wgmma), 13 (64 x 64), 15 (128 x 256), each in row chunks (dataflow 0) and in pair pieces
+    (dataflow 1, split 1 and 3): partial channel tiles (96, 40, 72, 136, 264, 384), pair counts no
+    multiple of a 64-pair slab, one row chunk (n = 37) or several.  Each result lands in
+    NaN-poisoned memory (the workspace too: a partial slot read but never written shows) and a
+    second run is bitwise equal (no atomics)."""
     c, out, nbmap, _ = _maps("cuda", n=n, seed=8)
     x = randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1)
     dy = randn(out.shape[0], cout, dtype=dtype, device="cuda", seed=3)
     want = ref.gather_wgrad(x.cpu(), nbmap.cpu().long(), dy.cpu())
     assert want.abs().max() > 0
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
-    for tile in (0, 3, 12, 13, 15):
-        a = [0, tile, 0, 0]
+    algos = [[0, t, 0, 0] for t in (0, 3, 12, 13, 15)] + [[1, t, 0, 0] for t in (0, 12, 13, 15)]
+    for a in algos + [[1, 12, 3, 0], [1, 13, 3, 0]]:
         poison_cuda_cache()
         dw = ops.conv_wgrad(x, dy, nbmap, a)
-        assert rel_err(dw, want) <= tol, tile
+        assert rel_err(dw, want) <= tol, a
         poison_cuda_cache()
-        assert torch.equal(dw, ops.conv_wgrad(x, dy, nbmap, a)), tile
+        assert torch.equal(dw, ops.conv_wgrad(x, dy, nbmap, a)), a
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_wgrad_tiles_real_scan():
     """wgrad on each tile on a real LiDAR crop (7158 voxels at 0.1 m), 5x5x5 kernel, 256 -> 256
     channels: two row chunks of ~3600 rows, so a block's pairs fill the 2048-pair list more than
-    once (the kernels' outer batch loop), against the fp64 gather reference (computed on the GPU)."""
+    once (the kernels' outer batch loop); in pair pieces (dataflow 1) 66 pieces that each cross
+    offsets of very different sizes; against the fp64 gather reference (computed on the GPU)."""
     c = lidar_crop().cuda()
     x = torchsp.SparseTensor(randn(c.shape[0], 256, dtype=torch.float16, device="cuda", seed=1), c)
     km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(5))[0]
     dy = randn(km.nbmap.shape[0], 256, dtype=torch.float16, device="cuda", seed=3)
     want = ref.gather_wgrad(x.feats, km.nbmap, dy)
-    for tile in (0, 3, 12, 13, 15):
+    for a in [[d, t, 0, 0] for d in (0, 1) for t in (0, 3, 12, 13, 15)]:
         poison_cuda_cache()
-        dw = ops.conv_wgrad(x.feats, dy, km.nbmap, [0, tile, 0, 0])
-        assert rel_err(dw, want) <= 5e-3, tile
+        dw = ops.conv_wgrad(x.feats, dy, km.nbmap, a)
+        assert rel_err(dw, want) <= 5e-3, a
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", ["one_column", "no_pair", "out_of_range", "sparse_columns"])
+def test_wgrad_pieces_odd_maps(case):
+    """wgrad's pair pieces (dataflow 1) on maps that stress the piece walk, against the fp64
+    gather reference and the row-chunk dataflow: every pair in one offset (pieces all inside it,
+    other offsets zero), no pair at all (dw zero), entries past the input rows (absent), and only
+    three scattered offsets, one of them with a single pair (pieces crossing empty offsets)."""
+    g = torch.Generator().manual_seed(5)
+    n_in, n_out, v = 900, 5000, 27
+    nbmap = torch.full((n_out, v), -1, dtype=torch.int32)
+    if case == "one_column":
+        nbmap[:, 13] = torch.randint(0, n_in, (n_out,), generator=g, dtype=torch.int32)
+    elif case == "out_of_range":
+        nbmap = torch.randint(-1, n_in + 400, (n_out, v), generator=g, dtype=torch.int32)
+    elif case == "sparse_columns":
+        rows = torch.rand(n_out, generator=g) < 0.6
+        nbmap[rows, 2] = torch.randint(0, n_in, (int(rows.sum()),), generator=g, dtype=torch.int32)
+        nbmap[n_out - 1, 9] = 7
+        nbmap[:, 25] = torch.randint(0, n_in, (n_out,), generator=g, dtype=torch.int32)
+    x = randn(n_in, 64, dtype=torch.float16, device="cuda", seed=1)
+    dy = randn(n_out, 128, dtype=torch.float16, device="cuda", seed=3)
+    ref_map = torch.where(nbmap < n_in, nbmap, torch.full_like(nbmap, -1)).long()
+    want = ref.gather_wgrad(x.cpu(), ref_map, dy.cpu())
+    nbmap = nbmap.cuda()
+    for a in ([1, 0, 0, 0], [1, 13, 0, 0], [1, 12, 2, 0], [1, 15, 0, 0], [0, 0, 0, 0]):
+        poison_cuda_cache()
+        dw = ops.conv_wgrad(x, dy, nbmap, a)
+        if case == "no_pair":
+            assert torch.equal(dw, torch.zeros_like(dw)), a
+        else:
+            assert rel_err(dw, want) <= 5e-3, a
 
 
 def test_row_order_bad_shape(device):

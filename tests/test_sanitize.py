@@ -88,15 +88,17 @@ def test_tensor_core_tiles(tile):
     14/15 on sm_90a builds, else mma.sync; 0 resolves to one of them)
     under the sanitizers: mask-sorted rows, a partial last tile, Cout > 128, fwd and dgrad; and
     wgrad on the same tile (12, 13, 15: conv_wgmma_wgrad.cu with partial 40-of-64 / 40-of-128
-    row and 144-of-256 column tiles; others mma.sync)."""
+    row and 144-of-256 column tiles, in row chunks and in pair pieces; others mma.sync)."""
     x, w16, g16, ref_y, ref_dx, ref_dw = _tensor_core_case(seed=11)
     km = torchsp.kmap.get_kernel_map(x, 3)[0]
     a = [0, tile, 0, 0]
     y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
     dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, km.order_t)
     dw = torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, a)
+    dw_pieces = torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0])
     _assert_close(y, dx, ref_y, ref_dx)
     assert (dw.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2
+    assert (dw_pieces.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2
 
 
 def test_wide_tiles():

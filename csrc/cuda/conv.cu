@@ -12,7 +12,7 @@
 **     operands, V <= 64, compute capability >= 8.0: tensor cores
 **     (conv_implicit_gemm.cu for forward and dgrad, conv_wgrad.cu for wgrad;
 **     wgrad tiles 12, 13, 15 and tile 0 at C >= 64 run conv_wgmma_wgrad.cu
-**     on sm_90a builds, resolve_wgrad_tile);
+**     on sm_90a builds, resolve_wgrad);
 **     algo.tile 6-10 and 12-13 ask for the wgmma kernels of conv_wgmma.cu,
 **     14-15 the warp-specialized ones of conv_wgmma_ws.cu (15 is tile 0's
 **     choice for n > 128; 14 lost everywhere), which exist in sm_90a builds
@@ -45,6 +45,11 @@
 **     subm3 C64      3.5    21.1      92     88    133      803        199 / 1036
 **     subm3 C128     6.3    32.7     209    202    217      662        247 /  821
 **     subm3 C256     6.3   130.9     465    465    673     1656        616 / 1655
+** Later run, wgrad over pair pieces (tile 0 = 13 / 12 / 15 in dataflow 1):
+**     subm3 C32  fwd call 106.3 (op 64.3) dgrad 54 wgrad 90  fwd+bwd  979  FlexGEMM 304 / 1242
+**     subm3 C64               126.5 (92.3)       88       107           782            298 / 1520
+**     subm3 C128              212.0             205       171          1212            464 / 1601
+**     subm3 C256              462.0             462       357          1363            612 / 1660
 ** (tile 0 is wgmma tile 13, 12, 15 at C = 64, 128, 256 and mma.sync at
 ** C = 32; wgrad 128 x 128 tiles at C >= 128.  wgrad on wgmma, tile 0 =
 ** 13 / 12 / 15, later run without peers: 121 / 205 / 521 at C = 64 / 128
@@ -109,15 +114,20 @@ static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int tile) {
 
 /* wgrad's algo.tile 0 on fp16/bf16 with both channel counts >= 64 (sm_90a
 ** build, sm_90 device): the wgmma kernel of conv_wgmma_wgrad.cu, 128 x 256
-** tiles for c_out > 128, 128 x 128 above 64 channels, else 64 x 64; other
-** tiles 12, 13 and 15 ask for those shapes, any other value for mma.sync
-** (conv_wgrad.cu). */
-static int resolve_wgrad_tile(const tsp_conv_problem *p) {
-  const int tile = p->algo.tile;
-  if (tile != 0 || !fast_dtype(p->dtype) || p->c_in < 64 || p->c_out < 64 ||
+** tiles for c_out > 128, 128 x 128 above 64 channels, else 64 x 64, over pair
+** pieces (dataflow 1); other tiles 12, 13 and 15 ask for those shapes in the
+** algo's own dataflow, any other value for mma.sync (conv_wgrad.cu).  H100,
+** lidar_198k, fp16, one run (us, row chunks -> pair pieces): C = 64 tile 13
+** 140 -> 106, C = 128 tile 12 231 -> 169, C = 256 tile 15 610 -> 355; at
+** C = 32 mma.sync (90) stays ahead of tile 13's pieces (103). */
+static tsp_conv_problem resolve_wgrad(const tsp_conv_problem *p) {
+  tsp_conv_problem r = *p;
+  if (p->algo.tile != 0 || !fast_dtype(p->dtype) || p->c_in < 64 || p->c_out < 64 ||
       !tsp_conv_wgmma_available())
-    return tile;
-  return p->c_out > 128 ? 15 : p->c_in > 64 || p->c_out > 64 ? 12 : 13;
+    return r;
+  r.algo.tile = p->c_out > 128 ? 15 : p->c_in > 64 || p->c_out > 64 ? 12 : 13;
+  r.algo.dataflow = 1;
+  return r;
 }
 
 /* float32 computed in tf32 on tensor cores: asked for by the pass's tile alone. */
@@ -151,6 +161,14 @@ size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
   if (chunks <= 1) return bytes;
   const size_t partials = (size_t)chunks * (size_t)(prob->volume * prob->c_in * prob->c_out) * sizeof(float);
   return partials > bytes ? partials : bytes;
+}
+
+size_t tsp_conv_cuda_wgrad_workspace(const tsp_conv_problem *prob) {
+  if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
+  const size_t bytes = tsp_conv_cuda_workspace(prob);
+  const tsp_conv_problem r = resolve_wgrad(prob);
+  const size_t pieces = tsp_conv_wgmma_wgrad_workspace(&r, r.algo.tile);
+  return pieces > bytes ? pieces : bytes;
 }
 
 typedef enum { OS_SIMPLE, OS_IGEMM, OS_WGMMA, OS_TF32 } os_kernel;
@@ -300,10 +318,11 @@ tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, cons
   if (prob->n_out == 0 || prob->n_in == 0) /* no pair anywhere: dw = 0 */
     return tsp_cuda_check(cudaMemsetAsync(dw, 0, (size_t)count * element_bytes(prob->dtype), st),
                           "tsp_conv_wgrad: zero dw");
-  if (workspace_bytes < tsp_conv_cuda_workspace(prob)) return TSP_ERR_ARGUMENT;
+  if (workspace_bytes < tsp_conv_cuda_wgrad_workspace(prob)) return TSP_ERR_ARGUMENT;
   float *partials = (float *)workspace;
   if (fast_dtype(prob->dtype)) { /* unsupported tiles and shapes fall through to mma.sync */
-    s = tsp_conv_wgmma_wgrad(prob, x, dy, nbmap, dw, partials, resolve_wgrad_tile(prob), st);
+    const tsp_conv_problem r = resolve_wgrad(prob);
+    s = tsp_conv_wgmma_wgrad(&r, x, dy, nbmap, dw, workspace, workspace_bytes, r.algo.tile, st);
     if (s != TSP_ERR_UNSUPPORTED) return s;
   }
   if ((fast_dtype(prob->dtype) || tf32_asked(prob->dtype, prob->algo.tile)) &&

@@ -205,11 +205,14 @@ tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int 
 tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 
 /* wgrad on wgmma (conv_wgmma_wgrad.cu; sm_90a builds on sm_90 devices, fp16 /
-** bf16, channels multiples of 8, tiles 12, 13, 15), else TSP_ERR_UNSUPPORTED;
-** partials as for tsp_conv_mma_wgrad. */
+** bf16, channels multiples of 8, tiles 12, 13, 15), else TSP_ERR_UNSUPPORTED.
+** algo.dataflow 1 sums balanced pieces of a pair list it builds in the
+** workspace (tsp_conv_wgmma_wgrad_workspace bytes, 0 when that path does not
+** apply), any other dataflow row chunks with partials as for
+** tsp_conv_mma_wgrad (the workspace holds them). */
+size_t tsp_conv_wgmma_wgrad_workspace(const tsp_conv_problem *p, int tile);
 tsp_status tsp_conv_wgmma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
-                                const int32_t *nbmap, void *dw, float *partials, int tile,
-                                cudaStream_t stream);
-
+                                const int32_t *nbmap, void *dw, void *workspace,
+                                size_t workspace_bytes, int tile, cudaStream_t stream);
 
 #endif /* TSP_CONV_INTERNAL_CUH */

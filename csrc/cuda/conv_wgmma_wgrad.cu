@@ -1,14 +1,24 @@
 /*
 ** conv_wgmma_wgrad.cu: the weight gradient on Hopper's wgmma (sm_90a),
-** fp16/bf16 with fp32 accumulation, deterministic.  Same problem, chunking
-** and pair lists as conv_wgrad.cu (mma.sync):
-**   dw[k] = sum over present pairs (p, q) of map column k of x[p]^T dy[q],
-** each block owning (row chunk, offset k, c_in tile, c_out tile), pairs
-** compacted in row order (conv_wgrad_pairs.cuh), chunks reduced in order.
+** fp16/bf16 with fp32 accumulation, deterministic:
+**   dw[k] = sum over present pairs (p, q) of map column k of x[p]^T dy[q].
+** Two ways to cut the work (algo.dataflow of the wgrad pass):
+**   0, row chunks, as conv_wgrad.cu (mma.sync): each block owns (row chunk,
+**      offset k, c_in tile, c_out tile) and compacts its column's present
+**      rows (conv_wgrad_pairs.cuh); chunks reduced in order;
+**   1, pair pieces (the default, conv.cu resolve_wgrad): the map's pair list
+**      is built on the stream into the workspace (kmap_pairs.cu, no host
+**      sync) and cut into equal pieces across offsets, one block per (piece,
+**      c_in tile, c_out tile); a piece writes one partial per offset it
+**      meets, and one more kernel adds them in piece order.
 **
 ** Why: the mma.sync kernel ran at 15-20% of the tensor peak (H100, lidar_198k
 ** at 0.1 m: C = 128 217 us, C = 256 673 us for 25.8 and 103 GFLOP), the
-** slowest pass of a training step at C >= 128.
+** slowest pass of a training step at C >= 128.  Row chunks on wgmma took
+** C = 256 to 531-610 us, but Nsight Compute showed the SMs busy only 58% of
+** the time: the centre offset of a submanifold map holds every row (125,565)
+** against 16,758 for the rarest, and its blocks set the length.  Equal pieces
+** took it to 355 us (C = 128: 231 -> 169, C = 64: 140 -> 106; one run).
 **
 ** The reduction runs over pairs and a gathered row holds its channels
 ** contiguously, so both operands are MN-major in shared memory (wgmma
@@ -58,9 +68,52 @@ template <int WGS, int BN, int STAGES> static size_t wgmma_wgrad_smem_bytes() {
          tsp_wgrad_list_bytes(4 * WGS, ww_list<WGS>::LIST, ww_list<WGS>::ROWS);
 }
 
+/* Dataflow 1's sizes: `pieces` pair pieces (conv_wgrad_pairs.cuh), a grid of
+** pieces x tiles blocks, and the workspace: fp32 partials [pieces + V - 1,
+** c_in, c_out], starts [V + 1] (int64), the pair list [n_out * V] (int32: the
+** most a map can hold, so its length never travels to the host), then
+** kmap_pairs.cu's workspace.  bytes == 0: these sizes are not served.
+**
+** pieces x tiles is one wave of resident blocks on a 132-SM H100 (WW_SMS;
+** tile 13 fits two blocks per SM, 12 and 15 one) times algo.split (0 reads as
+** 1): equal pieces need no second wave to even out, and the count is a
+** constant, so results do not depend on the device.  Pieces shrink to no
+** fewer than WW_MIN_PIECE (row, offset) entries of the map each. */
+enum { WW_SMS = 132, WW_MIN_PIECE = 1024 };
+static const int64_t WW_MAX_PARTIALS = 64LL << 20; /* floats (256 MB) */
+
+typedef struct {
+  int64_t pieces, tiles;
+  size_t starts_at, pairs_at, pairs_ws_at, bytes;
+} ww_pieces_plan;
+
+static size_t ww_align(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
+  ww_pieces_plan pl = {0, 0, 0, 0, 0, 0};
+  const int bm = tile == 13 ? 64 : 128, bn = tile == 15 ? 256 : tile == 13 ? 64 : 128;
+  const int resident = tile == 13 ? 2 : 1;
+  const int64_t vcc = p->c_in * p->c_out, v = p->volume;
+  pl.tiles = ((p->c_in + bm - 1) / bm) * ((p->c_out + bn - 1) / bn);
+  int64_t g = (int64_t)WW_SMS * resident * (p->algo.split > 1 ? p->algo.split : 1) / pl.tiles;
+  const int64_t by_map = (p->n_out * v + WW_MIN_PIECE - 1) / WW_MIN_PIECE;
+  if (g > by_map) g = by_map;
+  if (g < 1) g = 1;
+  const size_t pairs_ws = tsp_kernel_map_pairs_cuda_workspace(p->n_out, v);
+  if (pairs_ws == 0 || (g + v - 1) * vcc > WW_MAX_PARTIALS || g * pl.tiles > 0x7fffffffLL)
+    return pl;
+  pl.pieces = g;
+  pl.starts_at = ww_align((size_t)((g + v - 1) * vcc) * sizeof(float));
+  pl.pairs_at = pl.starts_at + ww_align((size_t)(v + 1) * sizeof(int64_t));
+  pl.pairs_ws_at = pl.pairs_at + ww_align((size_t)(p->n_out * v) * sizeof(int32_t));
+  pl.bytes = pl.pairs_ws_at + ww_align(pairs_ws);
+  return pl;
+}
+
 /* Copies rows [slab * BK, slab * BK + BK) of the pair list (`rows`: s_p or
 ** s_q) of src [., ld] channels [c0, c0 + W) into dst in the layout of the
-** file header; rows past `count` and channels past `ld` are zero. */
+** file header; rows past `count`, row indices -1 and channels past `ld` are
+** zero. */
 template <typename T, int W, int NT>
 static __device__ __forceinline__ void ww_load(T *dst, const T *__restrict__ src, int ld, int c0,
                                                const int32_t *rows, int slab, int count) {
@@ -70,45 +123,42 @@ static __device__ __forceinline__ void ww_load(T *dst, const T *__restrict__ src
   for (int it = 0; it < PER; ++it) {
     const int i = threadIdx.x + it * NT;
     const int r = i / CHUNKS, c = i % CHUNKS, j = slab * WW_BK + r, ch = c0 + c * 8;
-    const bool valid = j < count && ch < ld;
+    const bool valid = j < count && ch < ld && rows[j] >= 0;
     T *d = dst + (c >> 3) * (WW_BK * 64) + r * 64 + ((c ^ r) & 7) * 8;
     tsp_cp_async16(d, valid ? src + (int64_t)rows[j] * ld + ch : src, valid);
   }
 }
 
-template <typename T, int WGS, int BN, int STAGES>
-__global__ void __launch_bounds__(128 * WGS, 1)
-    wgmma_wgrad_kernel(const T *__restrict__ x, int64_t n_in, const T *__restrict__ dy,
-                       int64_t n_out, const int32_t *__restrict__ map, int volume, int c_in,
-                       int c_out, int64_t rows_per_chunk, float *__restrict__ partials,
-                       T *__restrict__ dw) {
+/* The tile's shapes and shared memory, common to both kernels. */
+template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
   enum { BM = 64 * WGS, NT = 128 * WGS, BK = WW_BK, ACC = BN / 2, AHEAD = STAGES - 2 };
   enum { A_STAGE = BK * BM, B_STAGE = BK * BN, BLOCK = BK * 64 };
   enum { LIST = ww_list<WGS>::LIST, ROWS = ww_list<WGS>::ROWS };
   static_assert(AHEAD >= 1, "one slab in flight needs at least 3 stages");
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  T *s_a = (T *)(smem_raw + ((1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023));
-  T *s_b = s_a + STAGES * A_STAGE;
-  int32_t *s_p = (int32_t *)(s_b + STAGES * B_STAGE);
-  int32_t *s_q = s_p + LIST;
-  int32_t *s_warp = s_q + LIST;
+  T *s_a, *s_b;
+  int32_t *s_p, *s_q, *s_warp;
 
-  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
-  const tsp_wgrad_block blk = tsp_wgrad_block_at(BM, BN, c_in, c_out, volume, rows_per_chunk, n_out);
+  __device__ __forceinline__ explicit ww_tile(unsigned char *smem_raw) {
+    s_a = (T *)(smem_raw + ((1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023));
+    s_b = s_a + STAGES * A_STAGE;
+    s_p = (int32_t *)(s_b + STAGES * B_STAGE);
+    s_q = s_p + LIST;
+    s_warp = s_q + LIST;
+  }
 
-  float acc[ACC];
-#pragma unroll
-  for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
-
-  int64_t scan = blk.q0;
-  while (scan < blk.q1) { /* block-uniform */
-    const int count = tsp_wgrad_compact<NT, LIST, ROWS>(map, volume, blk.k, n_in, &scan, blk.q1, s_p, s_q, s_warp);
+  /* acc += x[s_p[j]]^T dy[s_q[j]] over the list's `count` pairs, channels
+  ** [m0, m0 + BM) x [n0, n0 + BN).  Block-uniform; ends with a barrier, so
+  ** the stages and the list may be rewritten. */
+  __device__ __forceinline__ void product(float (&acc)[ACC], const T *__restrict__ x,
+                                          const T *__restrict__ dy, int c_in, int c_out, int m0,
+                                          int n0, int count) const {
+    const int wg = threadIdx.x >> 7;
     const int slabs = (count + BK - 1) / BK;
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
       if (s < slabs) {
-        ww_load<T, BM, NT>(s_a + s * A_STAGE, x, c_in, blk.m0, s_p, s, count);
-        ww_load<T, BN, NT>(s_b + s * B_STAGE, dy, c_out, blk.n0, s_q, s, count);
+        ww_load<T, BM, NT>(s_a + s * A_STAGE, x, c_in, m0, s_p, s, count);
+        ww_load<T, BN, NT>(s_b + s * B_STAGE, dy, c_out, n0, s_q, s, count);
       }
       tsp_cp_async_commit();
     }
@@ -118,8 +168,8 @@ __global__ void __launch_bounds__(128 * WGS, 1)
       __syncthreads(); /* slab's stage landed for all; the stage loaded next is free */
       const int next = slab + AHEAD;
       if (next < slabs) {
-        ww_load<T, BM, NT>(s_a + (next % STAGES) * A_STAGE, x, c_in, blk.m0, s_p, next, count);
-        ww_load<T, BN, NT>(s_b + (next % STAGES) * B_STAGE, dy, c_out, blk.n0, s_q, next, count);
+        ww_load<T, BM, NT>(s_a + (next % STAGES) * A_STAGE, x, c_in, m0, s_p, next, count);
+        ww_load<T, BN, NT>(s_b + (next % STAGES) * B_STAGE, dy, c_out, n0, s_q, next, count);
       }
       tsp_cp_async_commit();
       const T *a_s = s_a + (slab % STAGES) * A_STAGE + wg * BLOCK;
@@ -140,19 +190,122 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     tsp_cp_async_wait<0>();
     __syncthreads(); /* stages and list are reused by the next batch */
   }
+};
 
-  /* Epilogue: accumulator layout of conv_wgmma_ops.cuh; rows are c_in, columns c_out. */
+/* Calls store(m, col, v0, v1) for the accumulator's element pairs inside
+** c_in x c_out (layout of conv_wgmma_ops.cuh; rows are c_in, columns c_out). */
+template <int BN, int ACC, typename F>
+static __device__ __forceinline__ void ww_epilogue(const float (&acc)[ACC], int m0, int n0, int c_in,
+                                                   int c_out, F store) {
+  const int lane = threadIdx.x & 31, wwarp = (threadIdx.x >> 5) & 3, wg = threadIdx.x >> 7;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
-    const int col = blk.n0 + j * 8 + (lane & 3) * 2;
+    const int col = n0 + j * 8 + (lane & 3) * 2;
     if (col >= c_out) continue;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int m = blk.m0 + wg * 64 + wwarp * 16 + (lane >> 2) + h * 8;
-      if (m < c_in)
-        tsp_wgrad_store2(partials, dw, blk.chunk, volume, blk.k, c_in, c_out, m, col,
-                         acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      const int m = m0 + wg * 64 + wwarp * 16 + (lane >> 2) + h * 8;
+      if (m < c_in) store(m, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
+  }
+}
+
+/* Dataflow 0: blocks own (row chunk, offset, tile) and compact their map
+** column's present rows (conv_wgrad_pairs.cuh). */
+template <typename T, int WGS, int BN, int STAGES>
+__global__ void __launch_bounds__(128 * WGS, 1)
+    wgmma_wgrad_kernel(const T *__restrict__ x, int64_t n_in, const T *__restrict__ dy,
+                       int64_t n_out, const int32_t *__restrict__ map, int volume, int c_in,
+                       int c_out, int64_t rows_per_chunk, float *__restrict__ partials,
+                       T *__restrict__ dw) {
+  typedef ww_tile<T, WGS, BN, STAGES> tile;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const tile t(smem_raw);
+  const tsp_wgrad_block blk = tsp_wgrad_block_at(tile::BM, BN, c_in, c_out, volume, rows_per_chunk, n_out);
+
+  float acc[tile::ACC];
+#pragma unroll
+  for (int i = 0; i < tile::ACC; ++i) acc[i] = 0.0f;
+
+  int64_t scan = blk.q0;
+  while (scan < blk.q1) { /* block-uniform */
+    const int count = tsp_wgrad_compact<tile::NT, tile::LIST, tile::ROWS>(
+        map, volume, blk.k, n_in, &scan, blk.q1, t.s_p, t.s_q, t.s_warp);
+    t.product(acc, x, dy, c_in, c_out, blk.m0, blk.n0, count);
+  }
+  ww_epilogue<BN>(acc, blk.m0, blk.n0, c_in, c_out, [&](int m, int col, float v0, float v1) {
+    tsp_wgrad_store2(partials, dw, blk.chunk, volume, blk.k, c_in, c_out, m, col, v0, v1);
+  });
+}
+
+/* Dataflow 1: block (piece g, tile) sums pairs [g len, g len + len) of the
+** pair list, one offset at a time, into partial slots g + k (see
+** tsp_wgrad_piece_len).  Every branch below is block-uniform. */
+template <typename T, int WGS, int BN, int STAGES>
+__global__ void __launch_bounds__(128 * WGS, 1)
+    wgmma_wgrad_pieces_kernel(const T *__restrict__ x, int64_t n_in, const T *__restrict__ dy,
+                              const int32_t *__restrict__ map, int volume, int c_in, int c_out,
+                              const int32_t *__restrict__ pairs, const int64_t *__restrict__ starts,
+                              int64_t pieces, float *__restrict__ partials) {
+  typedef ww_tile<T, WGS, BN, STAGES> tile;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const tile t(smem_raw);
+  const int tiles_n = (c_out + BN - 1) / BN, tiles_m = (c_in + tile::BM - 1) / tile::BM;
+  int64_t b = blockIdx.x;
+  const int n0 = (int)(b % tiles_n) * BN;
+  b /= tiles_n;
+  const int m0 = (int)(b % tiles_m) * tile::BM;
+  const int64_t g = b / tiles_m;
+  const int64_t total = starts[volume], len = tsp_wgrad_piece_len(total, pieces);
+  const int64_t a = g * len, e = a + len < total ? a + len : total;
+  if (a >= e) return;
+  int k = 0, hi = volume - 1; /* the first offset with starts[k + 1] > a */
+  while (k < hi) {
+    const int mid = (k + hi) >> 1;
+    if (starts[mid + 1] > a) hi = mid;
+    else k = mid + 1;
+  }
+  const int64_t vcc = (int64_t)c_in * c_out;
+  for (; k < volume; ++k) {
+    const int64_t k0 = starts[k], k1 = starts[k + 1];
+    if (k0 >= e) break;
+    const int64_t s0 = a > k0 ? a : k0, s1 = e < k1 ? e : k1;
+    if (s0 >= s1) continue;
+    float acc[tile::ACC];
+#pragma unroll
+    for (int i = 0; i < tile::ACC; ++i) acc[i] = 0.0f;
+    for (int64_t j = s0; j < s1; j += tile::LIST) {
+      const int count = s1 - j < tile::LIST ? (int)(s1 - j) : (int)tile::LIST;
+      tsp_wgrad_fill<tile::NT>(pairs, map, volume, k, n_in, j, count, t.s_p, t.s_q);
+      t.product(acc, x, dy, c_in, c_out, m0, n0, count);
+    }
+    float *slot = partials + (g + k) * vcc;
+    ww_epilogue<BN>(acc, m0, n0, c_in, c_out, [&](int m, int col, float v0, float v1) {
+      *(float2 *)(slot + (int64_t)m * c_out + col) = make_float2(v0, v1);
+    });
+  }
+}
+
+/* dw[k] = the sum, in piece order, of the slots g + k of the pieces g that
+** meet offset k (zero when it has no pair); four elements per thread. */
+template <typename T>
+__global__ void wgrad_pieces_reduce_kernel(const float *__restrict__ partials,
+                                           const int64_t *__restrict__ starts, int volume,
+                                           int64_t pieces, int64_t vcc, T *__restrict__ dw) {
+  const int64_t total = starts[volume], len = tsp_wgrad_piece_len(total, pieces);
+  const int64_t quads = volume * vcc / 4;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < quads;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t at = i * 4, k = at / vcc, in_k = at - k * vcc;
+    const int64_t k0 = starts[k], k1 = starts[k + 1];
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (k1 > k0)
+      for (int64_t g = k0 / len; g <= (k1 - 1) / len; ++g) {
+        const float4 v = *(const float4 *)(partials + (g + k) * vcc + in_k);
+        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+      }
+    tsp_store2(dw + at, sum.x, sum.y);
+    tsp_store2(dw + at + 2, sum.z, sum.w);
   }
 }
 
@@ -178,10 +331,64 @@ static tsp_status launch_wgmma_wgrad(const tsp_conv_problem *p, const void *x, c
                                   stream);
 }
 
+template <typename T, int WGS, int BN, int STAGES>
+static tsp_status launch_wgmma_wgrad_pieces(const tsp_conv_problem *p, const void *x,
+                                            const void *dy, const int32_t *nbmap, void *dw,
+                                            const ww_pieces_plan *plan, unsigned char *ws,
+                                            cudaStream_t stream) {
+  const size_t smem = wgmma_wgrad_smem_bytes<WGS, BN, STAGES>();
+  static uint64_t smem_raised = 0;
+  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_wgrad_pieces_kernel<T, WGS, BN, STAGES>,
+                                      smem, &smem_raised, "tsp_conv_wgmma_wgrad: pieces");
+  if (s != TSP_OK) return s;
+  float *partials = (float *)ws;
+  int64_t *starts = (int64_t *)(ws + plan->starts_at);
+  int32_t *pairs = (int32_t *)(ws + plan->pairs_at);
+  void *pairs_ws = ws + plan->pairs_ws_at;
+  const size_t pairs_ws_bytes = plan->bytes - plan->pairs_ws_at;
+  /* The pair list, on the stream: no host synchronisation (its length stays on the device). */
+  s = tsp_kernel_map_pair_counts_cuda(nbmap, p->n_out, p->volume, starts, pairs_ws, pairs_ws_bytes,
+                                      stream);
+  if (s != TSP_OK) return s;
+  s = tsp_kernel_map_pairs_cuda(nbmap, p->n_out, p->volume, starts, pairs, pairs_ws,
+                                pairs_ws_bytes, stream);
+  if (s != TSP_OK) return s;
+  wgmma_wgrad_pieces_kernel<T, WGS, BN, STAGES>
+      <<<(unsigned)(plan->pieces * plan->tiles), 128 * WGS, smem, stream>>>(
+          (const T *)x, p->n_in, (const T *)dy, nbmap, (int)p->volume, (int)p->c_in,
+          (int)p->c_out, pairs, starts, plan->pieces, partials);
+  s = tsp_cuda_check_launch("tsp_conv_wgmma_wgrad: pieces");
+  if (s != TSP_OK) return s;
+  const int64_t vcc = p->c_in * p->c_out;
+  wgrad_pieces_reduce_kernel<T><<<tsp_grid_blocks(p->volume * vcc / 4, 256), 256, 0, stream>>>(
+      partials, starts, (int)p->volume, plan->pieces, vcc, (T *)dw);
+  return tsp_cuda_check_launch("tsp_conv_wgmma_wgrad: reduce pieces");
+}
+
 template <typename T>
 static tsp_status dispatch_wgmma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
-                                       const int32_t *nbmap, void *dw, float *partials, int tile,
-                                       cudaStream_t stream) {
+                                       const int32_t *nbmap, void *dw, void *workspace,
+                                       size_t workspace_bytes, int tile, cudaStream_t stream) {
+  if (p->algo.dataflow == 1) {
+    const ww_pieces_plan plan = plan_pieces(p, tile);
+    if (plan.bytes > 0) {
+      if (workspace == NULL || workspace_bytes < plan.bytes) return TSP_ERR_ARGUMENT;
+      unsigned char *ws = (unsigned char *)workspace;
+      switch (tile) {
+      case 13:
+        return launch_wgmma_wgrad_pieces<T, 1, 64, 4>(p, x, dy, nbmap, dw, &plan, ws, stream);
+      case 15:
+        return launch_wgmma_wgrad_pieces<T, 2, 256, 4>(p, x, dy, nbmap, dw, &plan, ws, stream);
+      default:
+        return launch_wgmma_wgrad_pieces<T, 2, 128, 6>(p, x, dy, nbmap, dw, &plan, ws, stream);
+      }
+    } /* sizes the pieces cannot take: row chunks (same sums, another order) */
+  }
+  float *partials = (float *)workspace;
+  if (tsp_wgrad_chunks(p) > 1 &&
+      (partials == NULL || workspace_bytes < (size_t)tsp_wgrad_chunks(p) *
+                                                 (size_t)(p->volume * p->c_in * p->c_out) * 4))
+    return TSP_ERR_ARGUMENT;
   switch (tile) {
   case 13:
     return launch_wgmma_wgrad<T, 1, 64, 4>(p, x, dy, nbmap, dw, partials, stream);
@@ -192,27 +399,46 @@ static tsp_status dispatch_wgmma_wgrad(const tsp_conv_problem *p, const void *x,
   }
 }
 
-#endif /* TSP_WGMMA */
-
-tsp_status tsp_conv_wgmma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
-                                const int32_t *nbmap, void *dw, float *partials, int tile,
-                                cudaStream_t stream) {
-#ifndef TSP_WGMMA
-  (void)p, (void)x, (void)dy, (void)nbmap, (void)dw, (void)partials, (void)tile, (void)stream;
-  return TSP_ERR_UNSUPPORTED;
-#else
-  if (tile != 12 && tile != 13 && tile != 15) return TSP_ERR_UNSUPPORTED;
-  if (p->dtype != TSP_FLOAT16 && p->dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
+/* What this file takes (sm_90a build, sm_90 device, fp16/bf16, channels
+** multiples of 8 within int, aligned operands, one of its tiles). */
+static int wgmma_wgrad_takes(const tsp_conv_problem *p, int tile) {
+  if (tile != 12 && tile != 13 && tile != 15) return 0;
+  if (p->dtype != TSP_FLOAT16 && p->dtype != TSP_BFLOAT16) return 0;
   /* 16-byte copies of 8 channels; dw takes two adjacent elements per store. */
   if (p->c_in % 8 != 0 || p->c_out % 8 != 0 || p->c_in <= 0 || p->c_out <= 0 ||
-      p->c_in > 0x7fffffff || p->c_out > 0x7fffffff || p->n_out >= 0x7fffffffLL)
+      p->c_in > 0x7fffffff || p->c_out > 0x7fffffff || p->n_out >= 0x7fffffffLL ||
+      p->volume > 0x7fffffff)
+    return 0;
+  return tsp_device_cc() == 90; /* sm_90a code runs on sm_90 only */
+}
+
+#endif /* TSP_WGMMA */
+
+size_t tsp_conv_wgmma_wgrad_workspace(const tsp_conv_problem *p, int tile) {
+#ifndef TSP_WGMMA
+  (void)p, (void)tile;
+  return 0;
+#else
+  if (p->algo.dataflow != 1 || !wgmma_wgrad_takes(p, tile)) return 0;
+  return plan_pieces(p, tile).bytes;
+#endif
+}
+
+tsp_status tsp_conv_wgmma_wgrad(const tsp_conv_problem *p, const void *x, const void *dy,
+                                const int32_t *nbmap, void *dw, void *workspace,
+                                size_t workspace_bytes, int tile, cudaStream_t stream) {
+#ifndef TSP_WGMMA
+  (void)p, (void)x, (void)dy, (void)nbmap, (void)dw, (void)workspace, (void)workspace_bytes;
+  (void)tile, (void)stream;
+  return TSP_ERR_UNSUPPORTED;
+#else
+  if (!wgmma_wgrad_takes(p, tile)) return TSP_ERR_UNSUPPORTED;
+  if (((uintptr_t)x | (uintptr_t)dy | (uintptr_t)workspace) % 16 != 0 || (uintptr_t)dw % 4 != 0)
     return TSP_ERR_UNSUPPORTED;
-  if (((uintptr_t)x | (uintptr_t)dy) % 16 != 0 || (uintptr_t)dw % 4 != 0 ||
-      (uintptr_t)partials % 8 != 0)
-    return TSP_ERR_UNSUPPORTED;
-  if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
   if (p->dtype == TSP_FLOAT16)
-    return dispatch_wgmma_wgrad<__half>(p, x, dy, nbmap, dw, partials, tile, stream);
-  return dispatch_wgmma_wgrad<__nv_bfloat16>(p, x, dy, nbmap, dw, partials, tile, stream);
+    return dispatch_wgmma_wgrad<__half>(p, x, dy, nbmap, dw, workspace, workspace_bytes, tile,
+                                        stream);
+  return dispatch_wgmma_wgrad<__nv_bfloat16>(p, x, dy, nbmap, dw, workspace, workspace_bytes, tile,
+                                             stream);
 #endif
 }

@@ -1,8 +1,9 @@
 /*
 ** conv_wgrad_pairs.cuh: what the two tensor-core wgrad kernels share
 ** (conv_wgrad.cu on mma.sync, conv_wgmma_wgrad.cu on wgmma): the
-** compaction of one map column into a shared-memory pair list and the store
-** of two adjacent dw (or fp32 partial) elements.
+** compaction of one map column into a shared-memory pair list (or, for the
+** pair pieces of dataflow 1, its load from a pair list) and the store of two
+** adjacent dw (or fp32 partial) elements.
 **
 ** A wgrad block owns (row chunk, offset k, c_in tile, c_out tile); rows are
 ** the reduction dimension, so its pairs are the rows q of the chunk with
@@ -106,6 +107,51 @@ static __device__ __forceinline__ int tsp_wgrad_compact(const int32_t *__restric
     __syncthreads(); /* s_warp is rewritten next batch; the list is read after */
   }
   return count;
+}
+
+/* ------------------------------------------------------- pair pieces --- */
+/* wgrad dataflow 1 (conv_wgmma_wgrad.cu): the map's pair list (kmap_pairs.cu,
+** built on the device into the workspace: offset k owns pairs[starts[k] ..
+** starts[k + 1])) is cut into `pieces` equal runs of tsp_wgrad_piece_len
+** pairs, whatever offsets they fall in, so every block gets the same work
+** (the centre offset of a submanifold map no longer sets the length).  A
+** piece g writes one fp32 partial per offset k it meets, at slot g + k: two
+** pieces meeting the same slot would need g' + k' = g + k with g' > g and
+** k' < k, i.e. an earlier offset reaching past a later piece's start, which
+** the sorted list rules out.  Slots: pieces + V - 1. */
+static __host__ __device__ __forceinline__ int64_t tsp_wgrad_piece_len(int64_t total,
+                                                                       int64_t pieces) {
+  return total > 0 ? (total + pieces - 1) / pieces : 1;
+}
+
+/* Loads pairs[j0 .. j0 + count) of offset k into s_q (output rows) and s_p
+** (input rows map[q, k], -1 outside [0, n_in): a zero row).  count <= the
+** list's length; all NT threads call it; ends with a barrier. */
+template <int NT>
+static __device__ __forceinline__ void tsp_wgrad_fill(const int32_t *__restrict__ pairs,
+                                                      const int32_t *__restrict__ map, int volume,
+                                                      int k, int64_t n_in, int64_t j0, int count,
+                                                      int32_t *s_p, int32_t *s_q) {
+  enum { UNROLL = 4 }; /* independent loads in flight: q, then map[q, k] */
+  for (int base = 0; base < count; base += UNROLL * NT) {
+    int32_t q[UNROLL], p[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + u * NT + (int)threadIdx.x;
+      q[u] = i < count ? pairs[j0 + i] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) p[u] = q[u] >= 0 ? map[(int64_t)q[u] * volume + k] : -1;
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + u * NT + (int)threadIdx.x;
+      if (i < count) {
+        s_q[i] = q[u];
+        s_p[i] = p[u] >= 0 && (int64_t)p[u] < n_in ? p[u] : -1;
+      }
+    }
+  }
+  __syncthreads();
 }
 
 /* dw[k][m][col..col+1] = (v0, v1), or with row chunks the fp32 partials
