@@ -388,11 +388,7 @@ static tsp_status dispatch_wgmma_wgrad(const tsp_conv_problem *p, const void *x,
       }
     } /* sizes the pieces cannot take: row chunks (same sums, another order) */
   }
-  float *partials = (float *)workspace;
-  if (tsp_wgrad_chunks(p) > 1 &&
-      (partials == NULL || workspace_bytes < (size_t)tsp_wgrad_chunks(p) *
-                                                 (size_t)(p->volume * p->c_in * p->c_out) * 4))
-    return TSP_ERR_ARGUMENT;
+  float *partials = (float *)workspace; /* conv.cu checked its size (tsp_conv_cuda_wgrad_workspace) */
   switch (tile) {
   case 13:
     return launch_wgmma_wgrad<T, 1, 64, 4>(p, x, dy, nbmap, dw, partials, stream);
