@@ -219,3 +219,38 @@ def test_stride_tuple_and_int_agree(device):
     a = F.sparse_conv3d(x, w, 3, stride=2)
     b = F.sparse_conv3d(x, w, (3, 3, 3), stride=(2, 2, 2), padding=(1, 1, 1), dilation=(1, 1, 1))
     assert torch.equal(a.coords, b.coords) and torch.equal(a.feats, b.feats)
+
+
+# ------------------------------------------------------------------ eager shortcuts ---
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "frozen"])
+def test_no_grad_call_skips_autograd_only(mode, device):
+    """Without gradients functional runs conv_fwd below its autograd wrapper: the result must be
+    the reference's and bitwise the graph-recording call's, with no graph attached."""
+    case = BY_NAME["sub_k3"]
+    dtype = native_dtype(device)
+    x, _ = build(case, cin=5, device=device, dtype=dtype, seed=21)
+    w = randn(27, 5, 6, seed=22, dtype=dtype, device=device, scale=27 ** -0.5)
+    want = reference(case, x.feats.cpu().double(), x.coords, w.cpu().double(), x.coords.cpu())
+    recorded = F.sparse_conv3d(x, w.clone().requires_grad_(), 3)
+    assert recorded.feats.grad_fn is not None
+    ctx = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode,
+           "frozen": torch.enable_grad}[mode]
+    with ctx():
+        got = F.sparse_conv3d(x, w if mode == "frozen" else w.clone().requires_grad_(), 3)
+    assert got.feats.grad_fn is None and not got.feats.requires_grad
+    assert torch.equal(got.feats, recorded.feats.detach())
+    assert rel_err(got.feats, want) <= TOL[(device, dtype)]
+
+
+def test_geometry_memo_keeps_argument_checks():
+    """conv_geometry memoises on (type, value): kernel_size=True is still an error after 1 was
+    seen, and a list argument still works."""
+    from torchsp.kmap import conv_geometry
+    assert conv_geometry(1).kernel_size == (1, 1, 1)
+    assert conv_geometry(1) is conv_geometry(1)
+    with pytest.raises(TypeError, match="kernel_size"):
+        conv_geometry(True)
+    assert conv_geometry([3, 3, 1], stride=[1, 1, 1]).kernel_size == (3, 3, 1)
+    with pytest.raises(ValueError, match="stride"):
+        conv_geometry(3, stride=0)

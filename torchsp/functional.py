@@ -7,14 +7,33 @@
 
 import torch
 
+from ._tracing import tracing
 from .geometry import volume
-from .kmap import ConvGeometry, get_kernel_map
+from .kmap import ConvGeometry, conv_geometry, get_kernel_map
 from .plan import pass_plan
 from .tensor import SparseTensor
 from .tune import choose_algo, default_algo
 
 DEFAULT_ALGO = (0, 0, 0, 0)  # float32 CUDA features with tf32 allowed: tune.default_algo
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
+
+
+def _conv_fwd(traced, feats, weight, *args):
+    """torch.ops.torchsp.conv_fwd; below the autograd key when no gradient can flow.
+
+    Why: the op's autograd (torch.library.register_autograd) is Python, and it costs ~7 us a call
+    even when it only forwards the call below itself, as it does without gradients (what
+    torch/_library/autograd.py's forward_no_grad does; here without its Python frames).  Plain
+    tensors only and never while tracing: subclasses and tracers keep the whole dispatch.
+    """
+    if (_below_autograd is not None and type(feats) in _PLAIN and type(weight) in _PLAIN
+            and not (torch.is_grad_enabled() and (feats.requires_grad or weight.requires_grad))
+            and not traced):
+        with _below_autograd():
+            return torch.ops.torchsp.conv_fwd.default(feats, weight, *args)
+    return torch.ops.torchsp.conv_fwd(feats, weight, *args)
 
 
 def _autocast_dtype(device_type):
@@ -67,7 +86,11 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     """
     if not isinstance(input, SparseTensor):
         raise TypeError(f"sparse_conv3d: input must be a SparseTensor, got {type(input).__name__}")
-    geom = ConvGeometry(kernel_size, stride, dilation, padding, transposed, generative, rule)
+    # Eager calls take memos and shortcuts (a few us each, H100 layers of 30-60 us): traced
+    # calls keep the plain, traceable path.
+    traced = tracing()
+    geom = (ConvGeometry if traced else conv_geometry)(kernel_size, stride, dilation, padding, transposed,
+                                                       generative, rule)
     feats = input.feats
     # Under torch.autocast a sparse conv runs in the autocast dtype, as F.conv3d does.
     amp = _autocast_dtype(feats.device.type)
@@ -95,8 +118,9 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     fwd, dgrad, wgrad = _resolve_algo(algo, default_algo(feats))
     order, segs = pass_plan(kmap, "fwd", fwd, geom, feats.dtype)
     order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype)
-    y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
-                                   order, order_t, segs, segs_t)
+    y = _conv_fwd(traced, feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, order_t, segs, segs_t)
     if bias is not None:
         y = y + bias
-    return SparseTensor(y, out_coords, out_stride, cache=input.cache, coord_key=out_key, check=False)
+    if traced:
+        return SparseTensor(y, out_coords, out_stride, cache=input.cache, coord_key=out_key, check=False)
+    return SparseTensor._derived(y, out_coords, out_stride, input.cache, out_key)

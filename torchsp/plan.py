@@ -31,6 +31,7 @@ tensor-core kernels, which take every plan as fp16 and bf16 do.
 
 import torch
 
+from ._tracing import tracing
 from .geometry import offset_l1
 from .kmap import map_pairs, mask_order
 
@@ -46,14 +47,6 @@ def _bits(ks):
     for k in ks:
         m |= 1 << k
     return m - (1 << 64) if m >= 1 << 63 else m  # an int64 value for the int[] argument
-
-
-def busy():
-    """True while torch.compile, torch.jit.trace or TorchScript is tracing (no data reads)."""
-    if torch.jit.is_tracing() or torch.jit.is_scripting():
-        return True
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
 
 
 def segmented(algo):
@@ -127,7 +120,7 @@ def pass_plan(kmap, which, algo, geom, dtype=None):
     order = kmap.order if which == "fwd" else kmap.order_t
     nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
     if (not segmented(algo) or not nb.is_cuda or nb.shape[1] > MAX_VOLUME or nb.shape[0] == 0
-            or not takes_segments(dtype, algo) or busy()):
+            or not takes_segments(dtype, algo) or tracing()):
         return order, []
     key = (which, algo[0], algo[2] if algo[0] == 0 else 0, algo[3] if algo[0] == 2 else 0)
     hit = kmap.plans.get(key)

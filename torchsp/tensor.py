@@ -11,6 +11,7 @@ cache have equal coordinates.
 
 import torch
 
+from ._tracing import tracing as _tracing
 from .geometry import BATCH_MAX, COORD_MAX, COORD_MIN, pack_keys, triple
 
 
@@ -30,15 +31,6 @@ class SparseCache:
         self.out_coords = {}
         self.kmaps = {}
         self.tuning = {}
-
-
-def _tracing():
-    if torch.jit.is_tracing() or torch.jit.is_scripting():
-        return True
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return compiler.is_compiling()
-    return torch._dynamo.is_compiling()
 
 
 def check_coords_values(coords, stride):
@@ -116,6 +108,15 @@ class SparseTensor:
             cache = SparseCache()
             cache.coords_by_stride[stride] = (coords, self.coord_key)
         self.cache = cache
+
+    @classmethod
+    def _derived(cls, feats, coords, stride, cache, coord_key):
+        """A tensor from parts torchsp made itself (a conv's or pool's output): [N, C] feats on
+        int32 coords [N, 4], a 3-tuple stride, the input's cache.  Skips the argument checks,
+        ~3 us of Python a layer call.  Eager code only (traced code takes the constructor)."""
+        self = cls.__new__(cls)
+        self.feats, self.coords, self.stride, self.coord_key, self.cache = feats, coords, stride, coord_key, cache
+        return self
 
     @property
     def shape(self):

@@ -50,7 +50,7 @@ import torch
 
 from .geometry import offset_l1
 from .plan import TF32_TILE, pass_plan, segmented, takes_segments
-from .plan import busy as _busy
+from ._tracing import tracing as _busy
 
 DEFAULT = [0, 0, 0, 0]
 PASSES = ("fwd", "dgrad", "wgrad")

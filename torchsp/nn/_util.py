@@ -2,6 +2,7 @@
 
 import torch
 
+from .._tracing import tracing
 from ..geometry import BATCH_MAX
 from ..tensor import SparseTensor
 
@@ -9,16 +10,6 @@ from ..tensor import SparseTensor
 # statistics are accumulated into tensors of this many rows, so their shapes
 # never depend on data and torch.compile / torch.jit.trace see static shapes.
 NUM_BATCH_SLOTS = BATCH_MAX + 1
-
-
-def tracing():
-    """True under torch.jit.trace/script or torch.compile (no data-dependent checks then)."""
-    if torch.jit.is_tracing() or torch.jit.is_scripting():
-        return True
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return bool(compiler.is_compiling())
-    return bool(torch._dynamo.is_compiling())
 
 
 def check_sparse(x, where):

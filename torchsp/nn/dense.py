@@ -7,9 +7,10 @@ coordinate order; OpenPCDet/spconv grids are (z, y, x): permute(0, 1, 4, 3, 2)).
 
 import torch
 
+from .._tracing import tracing
 from ..geometry import triple
 from ..tensor import SparseTensor
-from ._util import check_sparse, tracing
+from ._util import check_sparse
 
 
 def to_dense(input, spatial_shape=None, origin=None, batch_size=None):
