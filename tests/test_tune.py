@@ -187,9 +187,13 @@ def test_greedy_search_respects_budget_and_spread():
     best, best_t, trials = greedy(objective, current, ranked, budget_s=0.5, clock=lambda: next(ticks))
     assert len(calls) == 1 and best == current  # only the starting point fits in the budget
     calls.clear()
-    # spread 1.0: only each unit's per-layer winner is promising, so nothing else is tried.
-    greedy(objective, current, ranked, budget_s=60, spread=1.0)
-    assert len(calls) == 1
+    # spread 1.0: only each unit's per-layer winner is promising, so after the start only the
+    # single dataflows run (A and C; B is the start), the likeliest first: A predicts 60, C 71.
+    # Then each unit tries its winner B again (heaviest first): u2 gains, u1 and u0 do not.
+    best, best_t, trials = greedy(objective, current, ranked, budget_s=60, spread=1.0)
+    assert [name for name, *_ in trials][:3] == ["per-layer choices", f"single {A}", f"single {C}"]
+    assert len(calls) == 6 and best_t == 55.0
+    assert best == {("u0", "fwd"): A, ("u1", "fwd"): A, ("u2", "fwd"): B}
 
 
 def test_tune_search_on_a_model_restores_state_and_matches_reference(cache_dir):
@@ -349,3 +353,24 @@ def test_ranks_agree_under_distributed(tmp_path):
         outs.append(json.loads(out.strip().splitlines()[-1]))
     want = [[1, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]]
     assert [o["choice"] for o in sorted(outs, key=lambda o: o["rank"])] == [want, want]
+
+
+def test_per_layer_pass_ranks_a_clearly_slow_candidate_on_one_call():
+    """_tune_pass times a candidate once when that first call is over _PRUNE x the best so far;
+    every eligible candidate stays ranked, fastest first."""
+    import time as _time
+    A, B, C = [0, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0]
+    delay = {str(A): 0.002, str(B): 0.02, str(C): 0.0025}
+    calls = {str(a): 0 for a in (A, B, C)}
+    out = torch.ones(3)
+
+    def run(a):
+        calls[str(a)] += 1
+        _time.sleep(delay[str(a)])
+        return out
+
+    best, best_t, default_t, ranked = tune._tune_pass("fwd", run, torch.device("cpu"), torch.float32, [A, B, C])
+    assert best == A and [a for _, a in ranked] == [A, C, B]
+    assert calls[str(B)] == 1 + 1  # the check (the warm-up), then one timed call
+    assert calls[str(C)] == 1 + 5  # within _PRUNE of A: all five timed calls
+    assert ranked[-1][0] > 5 * best_t

@@ -20,7 +20,12 @@ configuration "tuned-again" (the tuned choices, timed as a separate configuratio
 paired ratio against "tuned" is the noise floor: a ratio inside the control's quartiles is
 no difference.
 
-    python tools/bench_models.py --device cuda --dtype float16 --voxel-size 0.05
+--batch B stacks B voxelisations of the scan (batch index i, x shifted by 0.37 i metres, so
+each item's voxels differ), as a training batch does: at B = 1 an H100 runs MinkUNet's forward
+faster than Python issues it (2026-11-23: 8.6 ms of kernels in a 13.7 ms forward, host-bound),
+so the dataflow choices hardly show; at B = 4 the GPU sets the pace.
+
+    python tools/bench_models.py --device cuda --dtype float16 --voxel-size 0.05 --batch 4
     python tools/bench_models.py --device cpu --dtype float32 --voxel-size 0.5 --repeats 2   # smoke test
 """
 
@@ -69,6 +74,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float16", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--voxel-size", type=float, default=0.05)
+    ap.add_argument("--batch", type=int, default=1, help="scan voxelisations per input (batch items)")
     ap.add_argument("--repeats", type=int, default=10, help="interleaved rounds")
     ap.add_argument("--calls", type=int, default=3, help="timed calls per configuration per round (median)")
     ap.add_argument("--models", default="minkunet,resnet21d")
@@ -80,11 +86,13 @@ def main(argv=None):
     os.environ["TORCHSP_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchsp_bench_models_")
     torchsp.tune.clear(memory_only=True)
     dtype = getattr(torch, args.dtype)
-    feats, coords, _ = load_scan(args.voxel_size, None, device=args.device)
-    feats = feats.to(dtype)
+    items = [load_scan(args.voxel_size, None, device=args.device, batch_index=i, shift=0.37 * i)
+             for i in range(args.batch)]
+    feats = torch.cat([f for f, _, _ in items]).to(dtype)
+    coords = torch.cat([c for _, c, _ in items])
     index_coords = coords.clone()
     index_coords[:, 1:] -= index_coords[:, 1:].amin(0)
-    print(f"# bench_models: {coords.shape[0]} voxels at {args.voxel_size} m, {args.device} "
+    print(f"# bench_models: {coords.shape[0]} voxels ({args.batch} scans) at {args.voxel_size} m, {args.device} "
           f"({torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}), {args.dtype}, "
           f"{args.repeats} rounds x {args.calls} calls, ms, maps rebuilt per call")
     models = {"minkunet": (lambda: MinkUNet(4, 19, cr=1.0), coords),
@@ -182,6 +190,8 @@ def main(argv=None):
                 best = min(fixed, key=lambda r: r[2 + i])
                 parts.append(f"best fixed ({best[1]}) " + _paired(best[5][i], rs["tuned"][5][i]))
             print(f"{name:10s} {what:10s} tuned {rs['tuned'][2 + i]:7.2f} ms | " + " | ".join(parts))
+            print(f"{name:10s} {what:10s} every fixed: " + ", ".join(
+                f"{r[1]} {_paired(r[5][i], rs['tuned'][5][i]).split(' [')[0]}" for r in fixed))
     return 0
 
 

@@ -7,8 +7,9 @@ the host sync of a plan that lists pairs, launch gaps between small kernels.  On
 dataflow.  So tune() then refines the choices against the time of the whole model:
 
   1. start from the best of: the per-layer choices, and each single dataflow given to every
-     unit where it is eligible (so the result is never worse than the best fixed dataflow
-     that was measured);
+     unit where it is eligible, every dataflow eligible in some unit, tried in order of the
+     model time their per-layer times predict (so the result is never worse than the best fixed
+     dataflow that was measured, and a short budget measures the likeliest first);
   2. visit units in decreasing order of their per-layer time and try each unit's other
      promising candidates (per-layer time within `spread` of the unit's best), keeping a
      change only when the whole model gets faster by more than `tol`;
@@ -39,10 +40,11 @@ def greedy(objective, current, ranked, budget_s=20.0, tol=0.01, spread=1.25, clo
             times, fastest first; a unit without entries keeps its choice.
         budget_s: wall seconds after which no new trial starts.
         tol: a change is kept when it is faster than the best so far by this fraction.
-        spread: candidates slower than spread x the unit's fastest per-layer time are not tried.
+        spread: in the unit-by-unit phase, candidates slower than spread x the unit's fastest
+            per-layer time are not tried (single dataflows are tried regardless).
         log: optional callable(str) for a progress line per trial.
-        always: algos tried as single dataflows even when no unit finds them promising
-            (the default dataflow, so the summary can say what tuning saved over it).
+        always: algos tried first as single dataflows (the default dataflow, so the summary can
+            say what tuning saved over it).
     """
     t0 = clock()
     trials = []
@@ -58,12 +60,23 @@ def greedy(objective, current, ranked, budget_s=20.0, tol=0.01, spread=1.25, clo
     best_t = objective(best)
     trials.append(("per-layer choices", best_t, True, best))
 
-    # 1. Single dataflows for every unit where eligible (tried in order of first appearance).
+    # 1. Single dataflows for every unit where eligible: `always` first, then every algo some unit
+    #    ranks, by the sum of per-layer times it predicts (a unit where it is not eligible counts
+    #    its current choice).
+    def predicted(a):
+        total = 0.0
+        for u, cur in current.items():
+            times = {str(list(b)): t for t, b in ranked.get(u) or []}
+            total += times.get(str(a), times.get(str(list(cur)), 0.0))
+        return total
+
     singles = [list(a) for a in always]
+    others = []
     for u in current:
-        for a in promising(u):
-            if a not in singles:
-                singles.append(a)
+        for _, a in ranked.get(u) or []:
+            if list(a) not in singles and list(a) not in others:
+                others.append(list(a))
+    singles += sorted(others, key=predicted)
     for a in singles:
         cfg = {u: (list(a) if any(list(b) == a for _, b in ranked.get(u) or []) else list(best_u))
                for u, best_u in best.items()}
