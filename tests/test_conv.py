@@ -254,3 +254,26 @@ def test_geometry_memo_keeps_argument_checks():
     assert conv_geometry([3, 3, 1], stride=[1, 1, 1]).kernel_size == (3, 3, 1)
     with pytest.raises(ValueError, match="stride"):
         conv_geometry(3, stride=0)
+
+
+@pytest.mark.skipif(not CUDA, reason="row orders are built on CUDA only")
+def test_gradless_forward_sorts_no_dgrad_order():
+    """A forward without gradients sorts the map's forward rows only; the first training call
+    then sorts the dgrad rows (mask_order of nbmap_t) and its gradients match the reference."""
+    from torchsp.kmap import _UNSORTED, mask_order
+    case = BY_NAME["str_k3_s2"]
+    x, _ = build(case, cin=8, device="cuda", dtype=torch.float16, seed=31)
+    w = randn(27, 8, 8, seed=32, dtype=torch.float16, device="cuda", scale=(27 * 8) ** -0.5)
+    with torch.no_grad():
+        y = F.sparse_conv3d(x, w, **case.conv_kwargs())
+    (km,) = x.cache.kmaps.values()
+    assert km._order is not _UNSORTED and km._order_t is _UNSORTED
+    feats = x.feats.detach().clone().requires_grad_()
+    y2 = F.sparse_conv3d(x.replace(feats), w, **case.conv_kwargs())
+    assert torch.equal(y2.feats.detach(), y.feats)
+    g = randn(*y2.feats.shape, seed=33, dtype=torch.float16, device="cuda")
+    y2.feats.backward(g)
+    assert km._order_t is not _UNSORTED and torch.equal(km.order_t, mask_order(km.nbmap_t))
+    rf = x.feats.detach().cpu().double().requires_grad_()
+    reference(case, rf, x.coords, w.cpu().double(), y.coords.cpu()).backward(g.cpu().double())
+    assert rel_err(feats.grad, rf.grad) <= TOL[("cuda", torch.float16)] * 2

@@ -20,20 +20,17 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
 
 
-def _conv_fwd(traced, feats, weight, *args):
-    """torch.ops.torchsp.conv_fwd; below the autograd key when no gradient can flow.
+def _gradless(traced, feats, weight):
+    """True when an eager call can skip everything only backward needs: no gradient can flow
+    (grad mode off, or neither feats nor weight requires grad) and both are plain tensors.
 
-    Why: the op's autograd (torch.library.register_autograd) is Python, and it costs ~7 us a call
-    even when it only forwards the call below itself, as it does without gradients (what
-    torch/_library/autograd.py's forward_no_grad does; here without its Python frames).  Plain
-    tensors only and never while tracing: subclasses and tracers keep the whole dispatch.
+    Then conv_fwd runs below its autograd key, as the op's own autograd (torch.library
+    .register_autograd, Python) does in that case, without its Python frames (~7 us a call), and
+    the dgrad row order of a fresh map is never sorted.  Tracers and tensor subclasses keep the
+    whole dispatch.
     """
-    if (_below_autograd is not None and type(feats) in _PLAIN and type(weight) in _PLAIN
-            and not (torch.is_grad_enabled() and (feats.requires_grad or weight.requires_grad))
-            and not traced):
-        with _below_autograd():
-            return torch.ops.torchsp.conv_fwd.default(feats, weight, *args)
-    return torch.ops.torchsp.conv_fwd(feats, weight, *args)
+    return (not traced and _below_autograd is not None and type(feats) in _PLAIN and type(weight) in _PLAIN
+            and not (torch.is_grad_enabled() and (feats.requires_grad or weight.requires_grad)))
 
 
 def _autocast_dtype(device_type):
@@ -117,8 +114,14 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight)
     fwd, dgrad, wgrad = _resolve_algo(algo, default_algo(feats))
     order, segs = pass_plan(kmap, "fwd", fwd, geom, feats.dtype)
-    order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype)
-    y = _conv_fwd(traced, feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, order_t, segs, segs_t)
+    if _gradless(traced, feats, weight):
+        with _below_autograd():
+            y = torch.ops.torchsp.conv_fwd.default(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
+                                                   order, None, segs, [])
+    else:
+        order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype)
+        y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, order_t,
+                                       segs, segs_t)
     if bias is not None:
         y = y + bias
     if traced:
