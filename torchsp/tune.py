@@ -48,9 +48,9 @@ import time
 
 import torch
 
+from ._tracing import tracing
 from .geometry import offset_l1
 from .plan import TF32_TILE, pass_plan, segmented, takes_segments
-from ._tracing import tracing as _busy
 
 DEFAULT = [0, 0, 0, 0]
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -459,7 +459,7 @@ def choose_algo(input, kmap, geom, weight, force=False):
     feats = input.feats
     if _state["fixed"] is not None:
         return [list(a) if a is not None else default_algo(feats) for a in _state["fixed"]]
-    if _busy():
+    if tracing():
         # Compiling or tracing: no measuring and no data-dependent statistics; the choice
         # last tuned for this layer shape is read, as a constant.
         hit = _static_choice(str(feats.device), _dtype_key(feats), int(weight.shape[1]), int(weight.shape[2]),

@@ -63,12 +63,10 @@ def greedy(objective, current, ranked, budget_s=20.0, tol=0.01, spread=1.25, clo
     # 1. Single dataflows for every unit where eligible: `always` first, then every algo some unit
     #    ranks, by the sum of per-layer times it predicts (a unit where it is not eligible counts
     #    its current choice).
+    unit_times = {u: {str(list(b)): t for t, b in ranked.get(u) or []} for u in current}
+
     def predicted(a):
-        total = 0.0
-        for u, cur in current.items():
-            times = {str(list(b)): t for t, b in ranked.get(u) or []}
-            total += times.get(str(a), times.get(str(list(cur)), 0.0))
-        return total
+        return sum(unit_times[u].get(str(a), unit_times[u].get(str(list(cur)), 0.0)) for u, cur in current.items())
 
     singles = [list(a) for a in always]
     others = []
