@@ -31,7 +31,9 @@ TORCH_LIBRARY(torchsp, m) {
   m.def("conv_dgrad(Tensor dy, Tensor weight, Tensor nbmap_t, int[] algo, Tensor? order_t=None, "
         "int[] segs_t=[]) -> Tensor",
         tags);
-  m.def("conv_wgrad(Tensor x, Tensor dy, Tensor nbmap, int[] algo) -> Tensor", tags);
+  m.def("conv_wgrad(Tensor x, Tensor dy, Tensor nbmap, int[] algo, Tensor? pairs=None, "
+        "Tensor? pair_starts=None) -> Tensor",
+        tags);
 }
 
 /* A Python module with no functions: importing it loads the library. */

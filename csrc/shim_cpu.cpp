@@ -145,9 +145,11 @@ at::Tensor conv_dgrad_cpu(const at::Tensor &dy_, const at::Tensor &w_,
 }
 
 at::Tensor conv_wgrad_cpu(const at::Tensor &x_, const at::Tensor &dy_, const at::Tensor &nbmap_,
-                          c10::IntArrayRef algo) {
+                          c10::IntArrayRef algo, const std::optional<at::Tensor> &pairs,
+                          const std::optional<at::Tensor> &pair_starts) {
   const char *op = "torchsp.conv_wgrad";
   tsp_conv_problem p = wgrad_problem(x_, dy_, nbmap_, algo, op);
+  check_pair_list(pairs, pair_starts, x_, &p, op); /* checked, not needed: conv.c walks nbmap */
   const at::ScalarType ct = compute_type(x_.scalar_type());
   at::Tensor x = x_.to(ct).contiguous(), dy = dy_.to(ct).contiguous();
   at::Tensor nbmap = nbmap_.contiguous();

@@ -180,12 +180,21 @@ at::Tensor conv_dgrad_cuda(const at::Tensor &dy_, const at::Tensor &w_,
 }
 
 at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at::Tensor &nbmap_,
-                           c10::IntArrayRef algo) {
+                           c10::IntArrayRef algo, const std::optional<at::Tensor> &pairs_,
+                           const std::optional<at::Tensor> &pair_starts_) {
   const char *op = "torchsp.conv_wgrad";
   tsp_conv_problem p = wgrad_problem(x_, dy_, nbmap_, algo, op);
+  check_pair_list(pairs_, pair_starts_, x_, &p, op);
   check_cuda_dtype(x_, op, "x");
   c10::cuda::CUDAGuard guard(x_.device());
   at::Tensor x = x_.contiguous(), dy = dy_.contiguous(), nbmap = nbmap_.contiguous();
+  at::Tensor pairs, pair_starts; /* kept alive over the launch */
+  if (p.n_pairs > 0 || (pairs_.has_value() && pairs_->defined())) {
+    pairs = pairs_->contiguous();
+    pair_starts = pair_starts_->contiguous();
+    p.pairs = pairs.data_ptr<int32_t>();
+    p.pair_starts = pair_starts.data_ptr<int64_t>();
+  }
   at::Tensor dw = at::empty({p.volume, p.c_in, p.c_out}, x.options());
   if (dw.numel() == 0) return dw;
   if (p.n_out == 0 || p.n_in == 0) return dw.zero_();

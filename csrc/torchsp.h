@@ -179,6 +179,16 @@ typedef struct {
   int32_t n_segs;
   const tsp_segment *segs_t; /* host array [n_segs_t] (dgrad) */
   int32_t n_segs_t;
+  /* Optional pair list of nbmap for the CUDA wgrad over pair pieces
+  ** (tsp_kernel_map_pairs_cuda's result for this map: pairs [n_pairs],
+  ** pair_starts [V + 1], device pointers), cached by the caller so that every
+  ** layer sharing the map skips building it; NULL: wgrad builds it on the
+  ** stream.  Read defensively: starts are clamped to [0, n_pairs] and rows
+  ** outside [0, n_out) count as absent, so a list of another map gives wrong
+  ** sums but never an access out of bounds.  Other passes ignore it. */
+  const int32_t *pairs;
+  const int64_t *pair_starts;
+  int64_t n_pairs;
 } tsp_conv_problem;
 
 

@@ -243,6 +243,49 @@ def test_no_grad_call_skips_autograd_only(mode, device):
     assert rel_err(got.feats, want) <= TOL[(device, dtype)]
 
 
+@pytest.mark.parametrize("needs", ["both", "feats", "weight"])
+def test_eager_and_op_autograd_routes_agree(needs, device):
+    """Eager training calls run torchsp._autograd.EagerConv (dgrad plan and wgrad pair list read
+    from the KernelMap); traced graphs and direct op callers run conv_fwd's registered autograd.
+    Both must give y, dx and dw bitwise alike, and the fp64 dense reference's.  On CUDA, fp16
+    at 64 channels: the wgrad over pair pieces with the map's cached pair list (sm_90a builds)."""
+    from torchsp.plan import pass_plan
+    case = BY_NAME["sub_k3"]
+    dtype, c = (torch.float16, 64) if device == "cuda" else (torch.float64, 5)
+    x, _ = build(case, cin=c, device=device, dtype=dtype, seed=41)
+    w = randn(27, c, c, seed=42, dtype=dtype, device=device, scale=(27 * c) ** -0.5)
+    g = randn(x.coords.shape[0], c, seed=43, dtype=dtype, device=device)
+    a = [0, 0, 0, 0]
+    grads = []
+    for route in ("eager", "op"):
+        f = x.feats.detach().clone().requires_grad_(needs in ("both", "feats"))
+        ww = w.detach().clone().requires_grad_(needs in ("both", "weight"))
+        if route == "eager":
+            y = F.sparse_conv3d(x.replace(f), ww, 3, algo=a).feats
+            assert type(y.grad_fn).__name__ == "EagerConvBackward"
+        else:
+            (km,) = x.cache.kmaps.values()
+            geom = torchsp.kmap.ConvGeometry(3)
+            order, segs = pass_plan(km, "fwd", a, geom, dtype)
+            order_t, segs_t = pass_plan(km, "dgrad", a, geom, dtype)
+            y = torch.ops.torchsp.conv_fwd(f, ww, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+            assert "GeneratedBackwardFor_torchsp_conv_fwd" in type(y.grad_fn).__name__
+        y.backward(g)
+        grads.append((y.detach(), f.grad, ww.grad))
+    for u, v in zip(*grads):
+        assert (u is None) == (v is None) and (u is None or torch.equal(u, v))
+    rf = x.feats.detach().cpu().double().requires_grad_()
+    rw = w.detach().cpu().double().requires_grad_()
+    want = reference(case, rf, x.coords, rw, x.coords.cpu())
+    want.backward(g.cpu().double())
+    tol = TOL[(device, dtype)] * (1 if device == "cpu" else 2)
+    y, dx, dw = grads[0]
+    assert rel_err(y, want.detach()) <= tol
+    assert dx is None or rel_err(dx, rf.grad) <= tol
+    assert dw is None or rel_err(dw, rw.grad) <= tol
+    assert (dx is None) == (needs == "weight") and (dw is None) == (needs == "feats")
+
+
 def test_geometry_memo_keeps_argument_checks():
     """conv_geometry memoises on (type, value): kernel_size=True is still an error after 1 was
     seen, and a list argument still works."""

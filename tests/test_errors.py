@@ -244,3 +244,32 @@ def test_ops_reject_bad_maps():
         ops.conv_fwd(x, w, nb, torch.full((10, 8), -1, dtype=torch.int32), [0] * 4, [0] * 4, [0] * 4)
     with pytest.raises(RuntimeError, match="nbmap|int32|dtype"):
         ops.conv_fwd(x, w, nb.long(), torch.full((10, 27), -1), [0] * 4, [0] * 4, [0] * 4)
+
+
+@pytest.mark.parametrize("bad", ["pairs_alone", "starts_alone", "pairs_int64", "pairs_2d", "starts_int32",
+                                 "starts_short", "too_many_pairs", "device"])
+def test_wgrad_rejects_bad_pair_list(bad, device):
+    """conv_wgrad's optional cached pair list (kernel_map_pairs(nbmap)): both or neither, int32
+    [P <= N_out * V] and int64 [V + 1], on x's device; each mistake names the argument."""
+    if bad == "device" and not CUDA:
+        pytest.skip("needs CUDA")
+    ops = torch.ops.torchsp
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    x = randn(10, 8, dtype=dtype, device=device)
+    dy = randn(6, 8, dtype=dtype, device=device, seed=1)
+    nb = torch.randint(-1, 10, (6, 27), dtype=torch.int32, device=device)
+    pairs, starts = ops.kernel_map_pairs(nb)
+    args = {"pairs_alone": (pairs, None), "starts_alone": (None, starts), "pairs_int64": (pairs.long(), starts),
+            "pairs_2d": (pairs[None], starts), "starts_int32": (pairs, starts.int()),
+            "starts_short": (pairs, starts[:-1]),
+            "too_many_pairs": (torch.zeros(6 * 27 + 1, dtype=torch.int32, device=device), starts),
+            "device": (pairs.cpu() if device == "cuda" else pairs, starts)}[bad]
+    if bad == "device" and device == "cpu":
+        pytest.skip("the CUDA half checks the device")
+    match = {"pairs_alone": "pair_starts", "starts_alone": "pair_starts", "pairs_int64": "pairs",
+             "pairs_2d": "pairs", "starts_int32": "pair_starts", "starts_short": "pair_starts",
+             "too_many_pairs": "pairs", "device": "pairs"}[bad]
+    with pytest.raises(RuntimeError, match=match):
+        ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], *args)
+    # the good list is accepted and changes nothing
+    assert torch.equal(ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], pairs, starts), ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0]))

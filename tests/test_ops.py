@@ -257,7 +257,7 @@ def test_mask_order_is_sorted_permutation(device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("cin,cout", [(16, 32), (72, 136), (264, 136), (136, 256)])
+@pytest.mark.parametrize("cin,cout", [(16, 32), (64, 64), (72, 136), (264, 136), (136, 256)])
 def test_row_order_any_permutation(dtype, cin, cout):
     """Tensor-core fwd/dgrad walk rows in `order`: mask order, a random permutation, map order
     (None) and threshold -1, with every tile shape (6-10, 12-15: wgmma on sm_90a builds, 14-15
@@ -308,6 +308,7 @@ def test_wgrad_tiles(dtype, cin, cout, n):
     want = ref.gather_wgrad(x.cpu(), nbmap.cpu().long(), dy.cpu())
     assert want.abs().max() > 0
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    pairs, starts = torchsp.kmap.map_pairs(nbmap)  # the cached pair list training passes
     algos = [[0, t, 0, 0] for t in (0, 3, 12, 13, 15)] + [[1, t, 0, 0] for t in (0, 12, 13, 15)]
     for a in algos + [[1, 12, 3, 0], [1, 13, 3, 0]]:
         poison_cuda_cache()
@@ -315,6 +316,8 @@ def test_wgrad_tiles(dtype, cin, cout, n):
         assert rel_err(dw, want) <= tol, a
         poison_cuda_cache()
         assert torch.equal(dw, ops.conv_wgrad(x, dy, nbmap, a)), a
+        poison_cuda_cache()
+        assert torch.equal(dw, ops.conv_wgrad(x, dy, nbmap, a, pairs, starts)), a
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -328,10 +331,37 @@ def test_wgrad_tiles_real_scan():
     km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(5))[0]
     dy = randn(km.nbmap.shape[0], 256, dtype=torch.float16, device="cuda", seed=3)
     want = ref.gather_wgrad(x.feats, km.nbmap, dy)
+    pairs, starts = torchsp.kmap.map_pairs(km.nbmap)
     for a in [[d, t, 0, 0] for d in (0, 1) for t in (0, 3, 12, 13, 15)]:
         poison_cuda_cache()
         dw = ops.conv_wgrad(x.feats, dy, km.nbmap, a)
         assert rel_err(dw, want) <= 5e-3, a
+        poison_cuda_cache()
+        assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)), a
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_wgrad_pairs_of_another_map_stay_in_bounds():
+    """conv_wgrad trusts no value of a passed pair list (no sync to check it): the list of a
+    larger map (rows past n_out), then starts that fall, go negative and overshoot P, must give
+    finite sums without a CUDA fault (compute-sanitizer memcheck runs the same in
+    test_sanitize.py); the map's own list gives the reference."""
+    c, out, nbmap, _ = _maps("cuda", n=3000, seed=8)
+    _, _, big, _ = _maps("cuda", n=6000, seed=9)
+    x = randn(c.shape[0], 64, dtype=torch.float16, device="cuda", seed=1)
+    dy = randn(out.shape[0], 64, dtype=torch.float16, device="cuda", seed=3)
+    want = ref.gather_wgrad(x.cpu(), nbmap.cpu().long(), dy.cpu())
+    pairs, starts = torchsp.kmap.map_pairs(nbmap)
+    bad_pairs, bad_starts = torchsp.kmap.map_pairs(big)
+    bad_pairs = bad_pairs[: nbmap.numel()]
+    assert int(bad_pairs.max()) >= out.shape[0]
+    wild = torch.arange(starts.shape[0], device="cuda", dtype=torch.int64).flip(0) * 997 - 5000
+    for a in ([0, 0, 0, 0], [1, 13, 0, 0], [1, 12, 2, 0], [1, 15, 0, 0]):
+        assert rel_err(ops.conv_wgrad(x, dy, nbmap, a, pairs, starts), want) <= 5e-3, a
+        for p, st in ((bad_pairs, bad_starts.clamp_max(bad_pairs.shape[0])), (pairs, wild)):
+            dw = ops.conv_wgrad(x, dy, nbmap, a, p, st)
+            torch.cuda.synchronize()
+            assert torch.isfinite(dw).all(), a
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -96,9 +96,14 @@ def test_tensor_core_tiles(tile):
     dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, km.order_t)
     dw = torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, a)
     dw_pieces = torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0])
+    pairs, starts = torchsp.kmap.map_pairs(km.nbmap)  # cached pair list, then wild starts
+    dw_cached = torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], pairs, starts)
+    wild = torch.arange(starts.shape[0], device="cuda", dtype=torch.int64).flip(0) * 97 - 500
+    torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], pairs, wild)
     _assert_close(y, dx, ref_y, ref_dx)
     assert (dw.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2
     assert (dw_pieces.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2
+    assert torch.equal(dw_cached, dw_pieces)
 
 
 def test_wide_tiles():

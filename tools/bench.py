@@ -10,7 +10,7 @@ Python call a user makes, median of --iters after --warmup:
   fwd      torchsp.functional.sparse_conv3d(x, w, K, stride=..., transposed=..., algo=...) under no_grad
   fwd op   torch.ops.torchsp.conv_fwd(...) alone (the forward's GPU time where Python is the bound)
   dgrad    torch.ops.torchsp.conv_dgrad(dy, w, nbmap_t, algo)
-  wgrad    torch.ops.torchsp.conv_wgrad(x, dy, nbmap, algo)
+  wgrad    torch.ops.torchsp.conv_wgrad(x, dy, nbmap, algo, pairs, starts) (the map's cached pair list)
   fwd+bwd  y = sparse_conv3d(...); y.feats.backward(dy)   (feats and weight require grad)
 Floor of a phase: max(F / PEAK, B / 3.0 TB/s), F = 2 * pairs * Cin * Cout (x3 for fwd+bwd),
 B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * N_out * V (x3 for fwd+bwd), e = element size,
@@ -191,7 +191,7 @@ def main():
     import torchsp
     import peers as peerlib
     from torchsp.kmap import ConvGeometry
-    from torchsp.plan import pass_plan
+    from torchsp.plan import pass_plan, wgrad_pairs
 
     peer_names = list(peerlib.PEERS) if args.peers == ["all"] else ([] if args.peers == ["none"] else args.peers)
     probe = peerlib.probe() if peer_names else {}
@@ -259,7 +259,10 @@ def main():
                     rec["dgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, da, order_t,
                                                                                   segs_t),
                                              args.iters, args.warmup, device)
-                    rec["wgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, wa),
+                    # with the map's cached pair list, as a training call passes it (map cached)
+                    pairs, starts = wgrad_pairs(km, wa, dtype, cin, cout)
+                    rec["wgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, wa, pairs,
+                                                                                  starts),
                                              args.iters, args.warmup, device)
                 xf = x.feats.detach().clone().requires_grad_(True)
                 wg = w.detach().clone().requires_grad_(True)

@@ -1,11 +1,24 @@
-"""Autograd of torchsp::conv_fwd: backward calls the dgrad and wgrad ops.
+"""Autograd of a sparse convolution: backward calls the dgrad and wgrad ops.
 
-The dataflow choices for the backward passes travel as arguments of conv_fwd
-(chosen by the autotuner before the call), so backward reads no global state
-and traces cleanly under torch.compile.
+Two routes to the same kernels:
+- the op's own: torch.library.register_autograd on torchsp::conv_fwd (DESIGN.md 5).  The
+  dataflow choices for the backward passes travel as arguments of conv_fwd (chosen by the
+  autotuner before the call), so backward reads no global state and traces cleanly under
+  torch.compile / export; direct callers of torch.ops.torchsp.conv_fwd get it too;
+- EagerConv, which torchsp.functional uses for eager training calls (no tracer, plain tensors,
+  no functorch transform).  Same ops and arguments, minus the generic wrapper's per-call Python
+  (on an H100 host, torch's wrapper re-reads conv_fwd's 11-argument schema in fill_defaults,
+  ~28 us, and wraps forward and backward in two more layers), and backward reads the dgrad row
+  order and the wgrad pair list from the KernelMap, built once per map, instead of carrying
+  them through conv_fwd.
 """
 
 import torch
+
+from .plan import pass_plan, wgrad_pairs
+
+_below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def _setup_context(ctx, inputs, output):
@@ -31,3 +44,47 @@ def _backward(ctx, grad):
 
 
 torch.library.register_autograd("torchsp::conv_fwd", _backward, setup_context=_setup_context)
+
+
+def eager_ok(feats, weight):
+    """True when EagerConv may serve a call with these operands: plain tensors (no subclass),
+    no functorch transform active, and a torch that can dispatch below autograd.  The caller
+    has checked that no tracer runs."""
+    return (_below_autograd is not None and type(feats) in (torch.Tensor, torch.nn.Parameter)
+            and type(weight) in (torch.Tensor, torch.nn.Parameter) and not _functorch_active())
+
+
+class EagerConv(torch.autograd.Function):
+    """y = conv_fwd(feats, weight) with the op's gradients, for eager calls (module docstring).
+
+    forward(feats [N_in, Cin], weight [V, Cin, Cout], kmap: torchsp.kmap.KernelMap,
+            algos: (fwd, dgrad, wgrad) 4-lists, order: int32 [N_out] or None, segs: list of ints,
+            geom: torchsp.kmap.ConvGeometry) -> y [N_out, Cout], feats' dtype.
+    backward: dx = conv_dgrad(dy, weight, nbmap_t, dgrad, order_t, segs_t) with the map's dgrad
+    plan (torchsp.plan.pass_plan), dw = conv_wgrad(feats, dy, nbmap, wgrad, pairs, starts) with
+    the map's cached pair list where the CUDA kernel walks one (torchsp.plan.wgrad_pairs).
+    Backward is not itself differentiable, as the op's is not.
+    """
+
+    @staticmethod
+    def forward(ctx, feats, weight, kmap, algos, order, segs, geom):
+        fwd, dgrad, wgrad = algos
+        with _below_autograd():
+            y = torch.ops.torchsp.conv_fwd.default(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
+                                                   order, None, segs, [])
+        ctx.save_for_backward(feats, weight)
+        ctx.kmap, ctx.dgrad, ctx.wgrad, ctx.geom = kmap, dgrad, wgrad, geom
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        feats, weight = ctx.saved_tensors
+        kmap = ctx.kmap
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            order_t, segs_t = pass_plan(kmap, "dgrad", ctx.dgrad, ctx.geom, grad.dtype)
+            grad_x = torch.ops.torchsp.conv_dgrad.default(grad, weight, kmap.nbmap_t, ctx.dgrad, order_t, segs_t)
+        if ctx.needs_input_grad[1]:
+            pairs, starts = wgrad_pairs(kmap, ctx.wgrad, grad.dtype, feats.shape[1], grad.shape[1])
+            grad_w = torch.ops.torchsp.conv_wgrad.default(feats, grad, kmap.nbmap, ctx.wgrad, pairs, starts)
+        return grad_x, grad_w, None, None, None, None, None

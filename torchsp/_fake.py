@@ -55,5 +55,5 @@ def _conv_dgrad(dy, weight, nbmap_t, algo, order_t=None, segs_t=()):
 
 
 @torch.library.register_fake("torchsp::conv_wgrad")
-def _conv_wgrad(x, dy, nbmap, algo):
+def _conv_wgrad(x, dy, nbmap, algo, pairs=None, pair_starts=None):
     return x.new_empty((nbmap.shape[1], x.shape[1], dy.shape[1]))

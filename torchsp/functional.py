@@ -3,10 +3,12 @@
     torchsp.functional.sparse_conv3d -> torchsp.kmap.get_kernel_map (cached)
         -> torchsp.plan.pass_plan (CUDA: the segments of the chosen dataflow, cached)
         -> torch.ops.torchsp.conv_fwd -> csrc/shim_{cpu,cuda}.cpp -> tsp_conv_fwd_{cpu,cuda}
+    Backward (torchsp._autograd): conv_dgrad and conv_wgrad, the same way down.
 """
 
 import torch
 
+from ._autograd import EagerConv, eager_ok
 from ._tracing import tracing
 from .geometry import volume
 from .kmap import ConvGeometry, conv_geometry, get_kernel_map
@@ -118,6 +120,8 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         with _below_autograd():
             y = torch.ops.torchsp.conv_fwd.default(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
                                                    order, None, segs, [])
+    elif not traced and eager_ok(feats, weight):  # eager training call: torchsp._autograd's lean route
+        y = EagerConv.apply(feats, weight, kmap, (fwd, dgrad, wgrad), order, segs, geom)
     else:
         order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype)
         y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, order_t,

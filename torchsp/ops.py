@@ -10,7 +10,9 @@ mask_order(nbmap [N,V] int32, offsets=-1) -> [N] int32 rows sorted by neighbour 
 conv_fwd(x [N_in,Cin], weight [V,Cin,Cout], nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo,
          order=None [N_out], order_t=None [N_in]) -> [N_out,Cout]
 conv_dgrad(dy [N_out,Cout], weight, nbmap_t [N_in,V], algo, order_t=None [N_in]) -> [N_in,Cin]
-conv_wgrad(x [N_in,Cin], dy [N_out,Cout], nbmap [N_out,V], algo) -> [V,Cin,Cout]
+conv_wgrad(x [N_in,Cin], dy [N_out,Cout], nbmap [N_out,V], algo, pairs=None [P], pair_starts=None [V+1])
+         -> [V,Cin,Cout]; pairs / pair_starts: kernel_map_pairs(nbmap), cached by the caller for the
+         CUDA wgrad over pair pieces (torchsp.plan.wgrad_pairs), else built per call
 See docs/internals.md for the semantics and csrc/torchsp.h for the kernels behind them.
 """
 

@@ -31,6 +31,7 @@ tensor-core kernels, which take every plan as fp16 and bf16 do.
 
 import torch
 
+from . import _build_info
 from ._tracing import tracing
 from .geometry import offset_l1
 from .kmap import map_pairs, mask_order
@@ -60,14 +61,51 @@ def takes_segments(dtype, algo):
     return dtype in (None, torch.float16, torch.bfloat16) or (dtype == torch.float32 and algo[1] == TF32_TILE)
 
 
-def _pairs(kmap, which):
-    """(pairs int32 [P] on the map's device, starts list of V + 1 ints) of nbmap or nbmap_t."""
+def _pair_list(kmap, which):
+    """(pairs int32 [P], starts int64 [V + 1], both on the map's device, starts as a list of
+    ints) of nbmap or nbmap_t, built once per map (one synchronisation: P is read back)."""
     hit = kmap.plans.get(("pairs", which))
     if hit is None:
         nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
         pairs, starts = map_pairs(nb)
-        hit = kmap.plans[("pairs", which)] = (pairs, [int(v) for v in starts.tolist()])
+        hit = kmap.plans[("pairs", which)] = (pairs, starts, [int(v) for v in starts.tolist()])
     return hit
+
+
+def _pairs(kmap, which):
+    """(pairs int32 [P] on the map's device, starts list of V + 1 ints) of nbmap or nbmap_t."""
+    pairs, _, starts = _pair_list(kmap, which)
+    return pairs, starts
+
+
+_HOPPER = {}  # device index -> compute capability is (9, 0)
+
+
+def _wgmma_device(device):
+    if device.index not in _HOPPER:
+        _HOPPER[device.index] = torch.cuda.get_device_capability(device) == (9, 0)
+    return _HOPPER[device.index]
+
+
+def wgrad_pairs(kmap, algo, dtype, c_in, c_out):
+    """(pairs, starts) for torch.ops.torchsp.conv_wgrad, or (None, None).
+
+    The CUDA wgrad over pair pieces (csrc/cuda/conv_wgmma_wgrad.cu; what algo tile 0 runs for
+    fp16/bf16 with both channel counts >= 64 on an sm_90a build and an sm_90 device, or
+    dataflow 1 with tile 12, 13 or 15) walks nbmap's pair list.  Passed in, it is built once
+    per map (kernel_map_pairs, cached on kmap) instead of on every call (two passes over the
+    map and a scan: ~27-38 us on an H100 at 126-173k rows).  (None, None) wherever that kernel
+    does not run, and while tracing (the list's length is data-dependent; the op builds it).
+    """
+    nb = kmap.nbmap
+    if (not _build_info.WITH_WGMMA or not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or c_in % 8
+            or c_out % 8 or nb.shape[0] == 0 or tracing() or not _wgmma_device(nb.device)):
+        return None, None
+    pieces = (algo[1] == 0 and c_in >= 64 and c_out >= 64) or (algo[0] == 1 and algo[1] in (12, 13, 15))
+    if not pieces:
+        return None, None
+    pairs, starts, _ = _pair_list(kmap, "fwd")
+    return pairs, starts
 
 
 def _build(kmap, which, algo, kernel_size, dilation, padding):

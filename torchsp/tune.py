@@ -50,7 +50,7 @@ import torch
 
 from ._tracing import tracing
 from .geometry import offset_l1
-from .plan import TF32_TILE, pass_plan, segmented, takes_segments
+from .plan import TF32_TILE, pass_plan, segmented, takes_segments, wgrad_pairs
 
 DEFAULT = [0, 0, 0, 0]
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -396,7 +396,11 @@ def _measure(feats, kmap, geom, weight):
         order_t, segs_t = pass_plan(kmap, "dgrad", a, geom, dtype)
         return ops.conv_dgrad(g, w, kmap.nbmap_t, a, order_t, segs_t)
 
-    runs = {"fwd": fwd, "dgrad": dgrad, "wgrad": lambda a: ops.conv_wgrad(x, g, kmap.nbmap, a)}
+    def wgrad(a):  # with the map's pair list where training passes it (torchsp._autograd.EagerConv)
+        pairs, starts = wgrad_pairs(kmap, a, dtype, x.shape[1], g.shape[1])
+        return ops.conv_wgrad(x, g, kmap.nbmap, a, pairs, starts)
+
+    runs = {"fwd": fwd, "dgrad": dgrad, "wgrad": wgrad}
 
     def plan_seconds(which):
         def cost(a):

@@ -7,8 +7,9 @@
 **      offset k, c_in tile, c_out tile) and compacts its column's present
 **      rows (conv_wgrad_pairs.cuh); chunks reduced in order;
 **   1, pair pieces (the default, conv.cu resolve_wgrad): the map's pair list
-**      is built on the stream into the workspace (kmap_pairs.cu, no host
-**      sync) and cut into equal pieces across offsets, one block per (piece,
+**      (passed in, cached by torchsp/kmap.py for all layers of a map, or else
+**      built on the stream into the workspace: kmap_pairs.cu, no host sync)
+**      is cut into equal pieces across offsets, one block per (piece,
 **      c_in tile, c_out tile); a piece writes one partial per offset it
 **      meets, and one more kernel adds them in piece order.
 **
@@ -21,8 +22,10 @@
 ** took it to 355 us (C = 128: 231 -> 169, C = 64: 140 -> 106; one run).
 ** Nsight Compute on the pieces (C = 256 / 128): the main kernel 312 / 125 us
 ** (compute 35% / 25%, memory 59% / 52% of peak), the pair list's two map
-** passes 27 us and the reduction 12 / 10 us.  A pair list cached on the
-** kernel map (built once for all its layers) would remove the 27 us.
+** passes 27 us and the reduction 12 / 10 us.  With the pair list cached on
+** the kernel map (built once for all its layers, tsp_conv_problem.pairs)
+** wgrad took 62 / 135 / 321 us at C = 64 / 128 / 256 (tools/bench.py, one
+** run, 2026-11-23; 107 / 170 / 354 building it per call in an earlier run).
 **
 ** The reduction runs over pairs and a gathered row holds its channels
 ** contiguously, so both operands are MN-major in shared memory (wgmma
@@ -76,7 +79,8 @@ template <int WGS, int BN, int STAGES> static size_t wgmma_wgrad_smem_bytes() {
 ** pieces x tiles blocks, and the workspace: fp32 partials [pieces + V - 1,
 ** c_in, c_out], starts [V + 1] (int64), the pair list [n_out * V] (int32: the
 ** most a map can hold, so its length never travels to the host), then
-** kmap_pairs.cu's workspace.  bytes == 0: these sizes are not served.
+** kmap_pairs.cu's workspace; the partials alone when the caller passes the
+** map's pair list (p->pairs).  bytes == 0: these sizes are not served.
 **
 ** pieces x tiles is one wave of resident blocks on a 132-SM H100 (WW_SMS;
 ** tile 13 fits two blocks per SM, 12 and 15 one) times algo.split (0 reads as
@@ -108,6 +112,10 @@ static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
     return pl;
   pl.pieces = g;
   pl.starts_at = ww_align((size_t)((g + v - 1) * vcc) * sizeof(float));
+  if (p->pairs != NULL && p->pair_starts != NULL) {
+    pl.pairs_at = pl.pairs_ws_at = pl.bytes = pl.starts_at;
+    return pl;
+  }
   pl.pairs_at = pl.starts_at + ww_align((size_t)(v + 1) * sizeof(int64_t));
   pl.pairs_ws_at = pl.pairs_at + ww_align((size_t)(p->n_out * v) * sizeof(int32_t));
   pl.bytes = pl.pairs_ws_at + ww_align(pairs_ws);
@@ -249,8 +257,9 @@ template <typename T, int WGS, int BN, int STAGES>
 __global__ void __launch_bounds__(128 * WGS, 1)
     wgmma_wgrad_pieces_kernel(const T *__restrict__ x, int64_t n_in, const T *__restrict__ dy,
                               const int32_t *__restrict__ map, int volume, int c_in, int c_out,
-                              const int32_t *__restrict__ pairs, const int64_t *__restrict__ starts,
-                              int64_t pieces, float *__restrict__ partials) {
+                              int64_t n_out, const int32_t *__restrict__ pairs,
+                              const int64_t *__restrict__ starts, int64_t n_pairs, int64_t pieces,
+                              float *__restrict__ partials) {
   typedef ww_tile<T, WGS, BN, STAGES> tile;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const tile t(smem_raw);
@@ -260,18 +269,19 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   b /= tiles_n;
   const int m0 = (int)(b % tiles_m) * tile::BM;
   const int64_t g = b / tiles_m;
-  const int64_t total = starts[volume], len = tsp_wgrad_piece_len(total, pieces);
+  const int64_t total = tsp_pair_total(starts, volume, n_pairs);
+  const int64_t len = tsp_wgrad_piece_len(total, pieces);
   const int64_t a = g * len, e = a + len < total ? a + len : total;
   if (a >= e) return;
   int k = 0, hi = volume - 1; /* the first offset with starts[k + 1] > a */
   while (k < hi) {
     const int mid = (k + hi) >> 1;
-    if (starts[mid + 1] > a) hi = mid;
+    if (tsp_pair_start(starts, mid + 1, total) > a) hi = mid;
     else k = mid + 1;
   }
   const int64_t vcc = (int64_t)c_in * c_out;
   for (; k < volume; ++k) {
-    const int64_t k0 = starts[k], k1 = starts[k + 1];
+    const int64_t k0 = tsp_pair_start(starts, k, total), k1 = tsp_pair_start(starts, k + 1, total);
     if (k0 >= e) break;
     const int64_t s0 = a > k0 ? a : k0, s1 = e < k1 ? e : k1;
     if (s0 >= s1) continue;
@@ -280,7 +290,7 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     for (int i = 0; i < tile::ACC; ++i) acc[i] = 0.0f;
     for (int64_t j = s0; j < s1; j += tile::LIST) {
       const int count = s1 - j < tile::LIST ? (int)(s1 - j) : (int)tile::LIST;
-      tsp_wgrad_fill<tile::NT>(pairs, map, volume, k, n_in, j, count, t.s_p, t.s_q);
+      tsp_wgrad_fill<tile::NT>(pairs, map, volume, k, n_in, n_out, j, count, t.s_p, t.s_q);
       t.product(acc, x, dy, c_in, c_out, m0, n0, count);
     }
     float *slot = partials + (g + k) * vcc;
@@ -295,13 +305,16 @@ __global__ void __launch_bounds__(128 * WGS, 1)
 template <typename T>
 __global__ void wgrad_pieces_reduce_kernel(const float *__restrict__ partials,
                                            const int64_t *__restrict__ starts, int volume,
-                                           int64_t pieces, int64_t vcc, T *__restrict__ dw) {
-  const int64_t total = starts[volume], len = tsp_wgrad_piece_len(total, pieces);
+                                           int64_t n_pairs, int64_t pieces, int64_t vcc,
+                                           T *__restrict__ dw) {
+  const int64_t total = tsp_pair_total(starts, volume, n_pairs);
+  const int64_t len = tsp_wgrad_piece_len(total, pieces);
   const int64_t quads = volume * vcc / 4;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < quads;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t at = i * 4, k = at / vcc, in_k = at - k * vcc;
-    const int64_t k0 = starts[k], k1 = starts[k + 1];
+    const int64_t k0 = tsp_pair_start(starts, (int)k, total);
+    const int64_t k1 = tsp_pair_start(starts, (int)k + 1, total);
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (k1 > k0)
       for (int64_t g = k0 / len; g <= (k1 - 1) / len; ++g) {
@@ -346,26 +359,32 @@ static tsp_status launch_wgmma_wgrad_pieces(const tsp_conv_problem *p, const voi
                                       smem, &smem_raised, "tsp_conv_wgmma_wgrad: pieces");
   if (s != TSP_OK) return s;
   float *partials = (float *)ws;
-  int64_t *starts = (int64_t *)(ws + plan->starts_at);
-  int32_t *pairs = (int32_t *)(ws + plan->pairs_at);
-  void *pairs_ws = ws + plan->pairs_ws_at;
-  const size_t pairs_ws_bytes = plan->bytes - plan->pairs_ws_at;
-  /* The pair list, on the stream: no host synchronisation (its length stays on the device). */
-  s = tsp_kernel_map_pair_counts_cuda(nbmap, p->n_out, p->volume, starts, pairs_ws, pairs_ws_bytes,
-                                      stream);
-  if (s != TSP_OK) return s;
-  s = tsp_kernel_map_pairs_cuda(nbmap, p->n_out, p->volume, starts, pairs, pairs_ws,
-                                pairs_ws_bytes, stream);
-  if (s != TSP_OK) return s;
+  const int32_t *pairs = p->pairs;
+  const int64_t *starts = p->pair_starts;
+  int64_t n_pairs = p->n_pairs;
+  if (pairs == NULL || starts == NULL) {
+    /* The pair list, on the stream: no host synchronisation (its length stays on the device). */
+    int64_t *w_starts = (int64_t *)(ws + plan->starts_at);
+    int32_t *w_pairs = (int32_t *)(ws + plan->pairs_at);
+    void *pairs_ws = ws + plan->pairs_ws_at;
+    const size_t pairs_ws_bytes = plan->bytes - plan->pairs_ws_at;
+    s = tsp_kernel_map_pair_counts_cuda(nbmap, p->n_out, p->volume, w_starts, pairs_ws,
+                                        pairs_ws_bytes, stream);
+    if (s != TSP_OK) return s;
+    s = tsp_kernel_map_pairs_cuda(nbmap, p->n_out, p->volume, w_starts, w_pairs, pairs_ws,
+                                  pairs_ws_bytes, stream);
+    if (s != TSP_OK) return s;
+    pairs = w_pairs, starts = w_starts, n_pairs = p->n_out * p->volume;
+  }
   wgmma_wgrad_pieces_kernel<T, WGS, BN, STAGES>
       <<<(unsigned)(plan->pieces * plan->tiles), 128 * WGS, smem, stream>>>(
           (const T *)x, p->n_in, (const T *)dy, nbmap, (int)p->volume, (int)p->c_in,
-          (int)p->c_out, pairs, starts, plan->pieces, partials);
+          (int)p->c_out, p->n_out, pairs, starts, n_pairs, plan->pieces, partials);
   s = tsp_cuda_check_launch("tsp_conv_wgmma_wgrad: pieces");
   if (s != TSP_OK) return s;
   const int64_t vcc = p->c_in * p->c_out;
   wgrad_pieces_reduce_kernel<T><<<tsp_grid_blocks(p->volume * vcc / 4, 256), 256, 0, stream>>>(
-      partials, starts, (int)p->volume, plan->pieces, vcc, (T *)dw);
+      partials, starts, (int)p->volume, n_pairs, plan->pieces, vcc, (T *)dw);
   return tsp_cuda_check_launch("tsp_conv_wgmma_wgrad: reduce pieces");
 }
 

@@ -124,14 +124,30 @@ static __host__ __device__ __forceinline__ int64_t tsp_wgrad_piece_len(int64_t t
   return total > 0 ? (total + pieces - 1) / pieces : 1;
 }
 
-/* Loads pairs[j0 .. j0 + count) of offset k into s_q (output rows) and s_p
-** (input rows map[q, k], -1 outside [0, n_in): a zero row).  count <= the
-** list's length; all NT threads call it; ends with a barrier. */
+/* starts[k] clamped to [0, total], and total = starts[V] clamped to [0,
+** n_pairs]: a pair list cached by the caller (tsp_conv_problem.pairs) is not
+** trusted to be this map's, so no index taken from it leaves its arrays. */
+static __device__ __forceinline__ int64_t tsp_pair_start(const int64_t *__restrict__ starts, int k,
+                                                         int64_t total) {
+  const int64_t v = starts[k];
+  return v < 0 ? 0 : v > total ? total : v;
+}
+
+static __device__ __forceinline__ int64_t tsp_pair_total(const int64_t *__restrict__ starts,
+                                                         int volume, int64_t n_pairs) {
+  return tsp_pair_start(starts, volume, n_pairs);
+}
+
+/* Loads pairs[j0 .. j0 + count) of offset k into s_q (output rows; -1
+** outside [0, n_out)) and s_p (input rows map[q, k], -1 outside [0, n_in): a
+** zero row).  count <= the list's length; all NT threads call it; ends with
+** a barrier. */
 template <int NT>
 static __device__ __forceinline__ void tsp_wgrad_fill(const int32_t *__restrict__ pairs,
                                                       const int32_t *__restrict__ map, int volume,
-                                                      int k, int64_t n_in, int64_t j0, int count,
-                                                      int32_t *s_p, int32_t *s_q) {
+                                                      int k, int64_t n_in, int64_t n_out,
+                                                      int64_t j0, int count, int32_t *s_p,
+                                                      int32_t *s_q) {
   enum { UNROLL = 4 }; /* independent loads in flight: q, then map[q, k] */
   for (int base = 0; base < count; base += UNROLL * NT) {
     int32_t q[UNROLL], p[UNROLL];
@@ -139,6 +155,7 @@ static __device__ __forceinline__ void tsp_wgrad_fill(const int32_t *__restrict_
     for (int u = 0; u < UNROLL; ++u) {
       const int i = base + u * NT + (int)threadIdx.x;
       q[u] = i < count ? pairs[j0 + i] : -1;
+      if ((int64_t)q[u] >= n_out) q[u] = -1;
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) p[u] = q[u] >= 0 ? map[(int64_t)q[u] * volume + k] : -1;
