@@ -60,7 +60,10 @@
 ** at C = 64 / 128 / 256; before the swizzled tiles 138 / 322 / 1040, wgrad
 ** 133 / 348 / 1293; C = 256 before the warp-specialized tile 15: 694.)
 ** Reading a sorted tile's map rows with independent loads (conv_tile.cuh)
-** took C = 32 from 104 to 73 us and C = 64 from 161 to 135.  At C >= 128
+** took C = 32 from 104 to 73 us and C = 64 from 161 to 135; reading each
+** row as one coalesced warp request (conv_tile.cuh) took the fwd op from
+** 91.4 to 82.8 us at C = 64, 212 to 202 at C = 128, 465 to 467 at C = 256
+** and 53.6 to 56.6 at C = 32 (two runs, two machines, 2026-11-23).  At C >= 128
 ** every unswizzled kernel variant (mma.sync 32x64 or 64x64 warps, BK 32 or
 ** 64, wgmma with 128- or 256-row tiles, pipelined or not) landed within 10%
 ** of the others, with ncu reporting the L2 ~78% busy (3.4-3.8 TB/s of L2

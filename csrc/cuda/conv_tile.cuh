@@ -72,69 +72,61 @@ static __device__ __forceinline__ void tsp_tile_origin(int n, int bm, int bn, in
 
 /* `rows`: rows of map (order entries outside [0, rows) name no row);
 ** `tile_rows`: entries of order the tiles walk (rows when order is NULL);
-** `offsets`: bit k set when offset k takes part (others read as absent). */
+** `offsets`: bit k set when offset k takes part (others read as absent).
+**
+** One warp per pass of PASS_ROWS consecutive tile rows (one or two 16-row
+** groups): lane j reads the order entry of row j, then lane k reads entry k
+** of every row of the pass (rows broadcast by shuffle), so each row is one
+** coalesced request and all the pass's loads are in flight together: two
+** memory round trips per tile, and the lane that holds (group, k) sets the
+** group's bit of offset k without a second pass over shared memory.  (Each
+** thread reading its own row's entries one by one made 27 scattered 4-byte
+** requests per row: Nsight Compute put a third of the C = 64 wgmma
+** kernel's stall samples on the shared stores waiting for those loads.) */
 template <int BM, int NT>
 static __device__ __forceinline__ void tsp_tile_offsets(
     const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
     int64_t tile_rows, int64_t row0, int volume, uint64_t offsets, int64_t src_rows,
     const tsp_tile_smem &t) {
-  static_assert(BM / 16 <= 32, "row-group masks are 32-bit");
+  static_assert(BM % 16 == 0 && BM / 16 <= 32, "16-row groups; row-group masks are 32-bit");
+  enum { G = BM / 16, WARPS = NT / 32, PASS_G = G >= 2 * WARPS ? 2 : 1, PASS_ROWS = 16 * PASS_G };
   int32_t *s_nb = t.nb, *s_rows = t.rows, *s_list = t.list, *s_count = t.count;
   uint32_t *s_groups = t.groups;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t rows_here = tile_rows - row0 < BM ? tile_rows - row0 : BM;
-  /* The BM x V entries of consecutive rows are contiguous: cp.async puts every
-  ** load in flight at once (a plain load loop was issued one round trip at a
-  ** time); sanitised below in shared memory. */
-  const int total = (int)rows_here * volume;
-  if (order == nullptr) {
-    const int32_t *map_tile = map + row0 * volume;
-    int head = 0;
-    if (((uintptr_t)map_tile & 15) == 0) { /* true whenever map itself is 16-byte aligned */
-      head = total & ~3;
-      for (int i = 4 * tid; i < head; i += 4 * NT) tsp_cp_async16(s_nb + i, map_tile + i, true);
+  for (int i = tid; i < volume; i += NT) s_groups[i] = 0;
+  __syncthreads();
+  for (int g0 = warp * PASS_G; g0 < G; g0 += WARPS * PASS_G) {
+    const int first = g0 * 16;
+    int32_t r = -1; /* lane j < PASS_ROWS: the map row of tile row first + j */
+    if (lane < PASS_ROWS && first + lane < rows_here) {
+      if (order == nullptr) {
+        r = (int32_t)(row0 + first + lane);
+      } else {
+        r = order[row0 + first + lane];
+        if (r < 0 || (int64_t)r >= rows) r = -1;
+      }
     }
-    tsp_cp_async_commit();
-    for (int i = head + tid; i < total; i += NT) s_nb[i] = map_tile[i];
-    for (int i = tid; i < BM; i += NT) s_rows[i] = i < rows_here ? (int32_t)(row0 + i) : -1;
-  } else {
-    /* Rows named by order are scattered.  One thread per (row, share of the
-    ** offsets) reads its order entry, then the row's entries as independent
-    ** loads: two memory round trips per tile.  (A flat loop over the BM x V
-    ** entries, each behind a shared-memory read of its row, issued them one
-    ** round trip at a time: ncu showed long-scoreboard stalls as a quarter of
-    ** the wgmma kernel's stall cycles at 1 block per SM.)  An entry outside
-    ** [0, rows) names no row. */
-    enum { PARTS = NT / BM >= 1 ? NT / BM : 1 };
-    for (int i = tid; i < BM * PARTS; i += NT) {
-      const int rr = i % BM, part = i / BM;
-      int32_t r = rr < rows_here ? order[row0 + rr] : -1;
-      if (r < 0 || (int64_t)r >= rows) r = -1;
-      if (part == 0) s_rows[rr] = r;
-      const int32_t *mrow = map + (int64_t)(r >= 0 ? r : 0) * volume;
-#pragma unroll 8
-      for (int k = part; k < volume; k += PARTS) s_nb[rr * volume + k] = r >= 0 ? mrow[k] : -1;
+    if (lane < PASS_ROWS) s_rows[first + lane] = r;
+    for (int k0 = 0; k0 < volume; k0 += 32) {
+      const int k = k0 + lane;
+      const bool takes_part = k < volume && ((offsets >> (k & 63)) & 1u); /* volume <= 64 */
+      int32_t p[PASS_ROWS];
+#pragma unroll
+      for (int j = 0; j < PASS_ROWS; ++j) {
+        const int32_t rj = __shfl_sync(0xffffffffu, r, j);
+        p[j] = rj >= 0 && takes_part ? map[(int64_t)rj * volume + k] : -1;
+      }
+      uint32_t bits = 0;
+#pragma unroll
+      for (int j = 0; j < PASS_ROWS; ++j) {
+        if (p[j] < 0 || (int64_t)p[j] >= src_rows) p[j] = -1;
+        if (k < volume) s_nb[(first + j) * volume + k] = p[j];
+        if (p[j] >= 0) bits |= 1u << (g0 + j / 16);
+      }
+      if (bits) atomicOr(&s_groups[k], bits);
     }
   }
-  for (int i = tid; i < volume; i += NT) s_groups[i] = 0;
-  tsp_cp_async_wait<0>();
-  __syncthreads();
-  /* One warp per 16-row group, one lane per offset: no division, one shared
-  ** atomic per (group, offset) instead of one per entry. */
-  for (int g = warp; g < BM / 16; g += NT / 32)
-    for (int k = lane; k < volume; k += 32) {
-      bool any = false;
-      const bool takes_part = (offsets >> k) & 1u; /* volume <= 64 */
-#pragma unroll 4
-      for (int rr = 0; rr < 16; ++rr) {
-        const int i = (g * 16 + rr) * volume + k;
-        int32_t p = i < total ? s_nb[i] : -1;
-        if (p < 0 || (int64_t)p >= src_rows || !takes_part) p = -1;
-        s_nb[i] = p;
-        any |= p >= 0;
-      }
-      if (any) atomicOr(&s_groups[k], 1u << g);
-    }
   __syncthreads();
   /* Offsets some row of the tile uses, in increasing k (a warp ballot compacts). */
   if (warp == 0) {

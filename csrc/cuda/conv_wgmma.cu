@@ -272,7 +272,11 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
 ** read 64-byte halves of 8 rows, two L2 requests per 128-byte row segment.
 ** With SW a warp reads 4 whole segments: 1.86 GB, 810 us (12), 696 us (13).
 ** Deeper pipelines without SW (BK = 32 with 8 stages, 6 stages of BK = 64)
-** changed nothing (H100, 2026-11-23), so the copies, not latency, bound them. */
+** changed nothing (H100, 2026-11-23), so the copies, not latency, bound them.
+** 64-row tiles on one warpgroup (three blocks per SM; 3 stages, or 4 with
+** PIPE) were slower than tile 0 at every C (fwd us at C = 32 / 64 / 128 /
+** 256: 110 / 108 / 285 / 1195 against 54 / 91 / 212 / 465; one run,
+** 2026-11-23): not kept. */
 template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, int tile) {
   const int64_t n = a.n;
   switch (tile) {
