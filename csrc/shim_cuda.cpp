@@ -189,7 +189,7 @@ at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at
   c10::cuda::CUDAGuard guard(x_.device());
   at::Tensor x = x_.contiguous(), dy = dy_.contiguous(), nbmap = nbmap_.contiguous();
   at::Tensor pairs, pair_starts; /* kept alive over the launch */
-  if (p.n_pairs > 0 || (pairs_.has_value() && pairs_->defined())) {
+  if (pairs_.has_value() && pairs_->defined()) { /* pair_starts too: check_pair_list */
     pairs = pairs_->contiguous();
     pair_starts = pair_starts_->contiguous();
     p.pairs = pairs.data_ptr<int32_t>();

@@ -17,8 +17,15 @@ import torch
 
 from .plan import pass_plan, wgrad_pairs
 
-_below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
+below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)  # None on a torch without it
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def plain_operands(feats, weight):
+    """True when feats and weight are plain tensors (no subclass) and this torch can dispatch
+    below the autograd key: the eager shortcuts of torchsp.functional then apply."""
+    return below_autograd is not None and type(feats) in _PLAIN and type(weight) in _PLAIN
 
 
 def _setup_context(ctx, inputs, output):
@@ -47,11 +54,9 @@ torch.library.register_autograd("torchsp::conv_fwd", _backward, setup_context=_s
 
 
 def eager_ok(feats, weight):
-    """True when EagerConv may serve a call with these operands: plain tensors (no subclass),
-    no functorch transform active, and a torch that can dispatch below autograd.  The caller
-    has checked that no tracer runs."""
-    return (_below_autograd is not None and type(feats) in (torch.Tensor, torch.nn.Parameter)
-            and type(weight) in (torch.Tensor, torch.nn.Parameter) and not _functorch_active())
+    """True when EagerConv may serve a call with these operands: plain_operands and no functorch
+    transform active.  The caller has checked that no tracer runs."""
+    return plain_operands(feats, weight) and not _functorch_active()
 
 
 class EagerConv(torch.autograd.Function):
@@ -69,7 +74,7 @@ class EagerConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, feats, weight, kmap, algos, order, segs, geom):
         fwd, dgrad, wgrad = algos
-        with _below_autograd():
+        with below_autograd():
             y = torch.ops.torchsp.conv_fwd.default(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
                                                    order, None, segs, [])
         ctx.save_for_backward(feats, weight)

@@ -8,7 +8,7 @@
 
 import torch
 
-from ._autograd import EagerConv, eager_ok
+from ._autograd import EagerConv, below_autograd, eager_ok, plain_operands
 from ._tracing import tracing
 from .geometry import volume
 from .kmap import ConvGeometry, conv_geometry, get_kernel_map
@@ -18,8 +18,6 @@ from .tune import choose_algo, default_algo
 
 DEFAULT_ALGO = (0, 0, 0, 0)  # float32 CUDA features with tf32 allowed: tune.default_algo
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
 
 
 def _gradless(traced, feats, weight):
@@ -31,7 +29,7 @@ def _gradless(traced, feats, weight):
     the dgrad row order of a fresh map is never sorted.  Tracers and tensor subclasses keep the
     whole dispatch.
     """
-    return (not traced and _below_autograd is not None and type(feats) in _PLAIN and type(weight) in _PLAIN
+    return (not traced and plain_operands(feats, weight)
             and not (torch.is_grad_enabled() and (feats.requires_grad or weight.requires_grad)))
 
 
@@ -117,7 +115,7 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     fwd, dgrad, wgrad = _resolve_algo(algo, default_algo(feats))
     order, segs = pass_plan(kmap, "fwd", fwd, geom, feats.dtype)
     if _gradless(traced, feats, weight):
-        with _below_autograd():
+        with below_autograd():
             y = torch.ops.torchsp.conv_fwd.default(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
                                                    order, None, segs, [])
     elif not traced and eager_ok(feats, weight):  # eager training call: torchsp._autograd's lean route

@@ -78,13 +78,18 @@ def _pairs(kmap, which):
     return pairs, starts
 
 
-_HOPPER = {}  # device index -> compute capability is (9, 0)
+_WGMMA = {}  # CUDA device index -> its compute capability is (9, 0)
 
 
-def _wgmma_device(device):
-    if device.index not in _HOPPER:
-        _HOPPER[device.index] = torch.cuda.get_device_capability(device) == (9, 0)
-    return _HOPPER[device.index]
+def wgmma_available(device):
+    """True when this build has the sm_90a wgmma kernels and `device` (a CUDA torch.device) is
+    an sm_90 part; the capability is looked up once per device."""
+    if not _build_info.WITH_WGMMA:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _WGMMA:
+        _WGMMA[index] = torch.cuda.get_device_capability(index) == (9, 0)
+    return _WGMMA[index]
 
 
 def wgrad_pairs(kmap, algo, dtype, c_in, c_out):
@@ -98,8 +103,8 @@ def wgrad_pairs(kmap, algo, dtype, c_in, c_out):
     does not run, and while tracing (the list's length is data-dependent; the op builds it).
     """
     nb = kmap.nbmap
-    if (not _build_info.WITH_WGMMA or not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or c_in % 8
-            or c_out % 8 or nb.shape[0] == 0 or tracing() or not _wgmma_device(nb.device)):
+    if (not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or c_in % 8 or c_out % 8
+            or nb.shape[0] == 0 or tracing() or not wgmma_available(nb.device)):
         return None, None
     pieces = (algo[1] == 0 and c_in >= 64 and c_out >= 64) or (algo[0] == 1 and algo[1] in (12, 13, 15))
     if not pieces:

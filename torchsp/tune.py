@@ -50,7 +50,7 @@ import torch
 
 from ._tracing import tracing
 from .geometry import offset_l1
-from .plan import TF32_TILE, pass_plan, segmented, takes_segments, wgrad_pairs
+from .plan import TF32_TILE, pass_plan, segmented, takes_segments, wgmma_available, wgrad_pairs
 
 DEFAULT = [0, 0, 0, 0]
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -93,10 +93,7 @@ def _dtype_key(feats):
 
 def _wgmma_available():
     """True when this build has the sm_90a wgmma kernels and the current GPU is an sm_90 part."""
-    from . import _build_info
-    if not getattr(_build_info, "WITH_WGMMA", False) or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability() == (9, 0)
+    return torch.cuda.is_available() and wgmma_available(torch.device("cuda"))
 
 
 def candidates(device_type, pass_name, kernel_size=None, deterministic=False, tf32=False):
