@@ -91,8 +91,14 @@ typedef enum {
 typedef enum {
   TSP_DATAFLOW_OUTPUT_STATIONARY = 0, /* per output row, sum over offsets; no atomics */
   TSP_DATAFLOW_WEIGHT_STATIONARY = 1, /* per offset over its pairs (CPU: conv.c; CUDA: segments) */
-  TSP_DATAFLOW_HYBRID = 2             /* offsets with L1 < threshold OS, rest WS (CUDA: segments; CPU: as 0) */
+  TSP_DATAFLOW_HYBRID = 2,            /* offsets with L1 < threshold OS, rest WS (CUDA: segments; CPU: as 0) */
+  TSP_DATAFLOW_SPLIT_K = 3            /* output-stationary, each tile's offsets cut into algo.split runs
+                                         summed by separate blocks of one launch (CUDA; CPU: as 0) */
 } tsp_dataflow;
+
+/* Largest algo.split of split-K (TSP_DATAFLOW_SPLIT_K): its fp32 partials take
+** split * rows * n * 4 bytes of workspace. */
+enum { TSP_SPLIT_K_MAX = 16 };
 
 /* A pass's algorithm choice: what the autotuner picks and caches.  The int[]
 ** argument of the conv ops is these four numbers in this order.  A backend
@@ -130,7 +136,8 @@ typedef struct {
   int32_t dataflow;  /* tsp_dataflow */
   int32_t tile;      /* kernel configuration (CUDA: tile shape index, TSP_TILE_TF32 = tf32 on
                         float32); 0 = the kernel's default */
-  int32_t split;     /* output-stationary: mask splits (offset groups, torchsp/plan.py); 0 or 1 = none */
+  int32_t split;     /* output-stationary: mask splits (offset groups, torchsp/plan.py); 0 or 1 = none;
+                        split-K: the runs each tile's offsets are cut into, 2 .. TSP_SPLIT_K_MAX */
   int32_t threshold; /* hybrid: L1-norm threshold t; output-stationary: -1 = ignore row order (unsorted) */
 } tsp_algo;
 

@@ -16,8 +16,8 @@ import torch
 import reference as ref
 import torchsp
 from cases import CASES, build, reference_grads
-from conftest import CUDA, lidar_crop, poison_cuda_cache, randn, real_scan_layer, rel_err
-from torchsp.plan import _build, pass_plan
+from conftest import CUDA, crop_voxels, lidar_crop, load_lidar, poison_cuda_cache, randn, real_scan_layer, rel_err
+from torchsp.plan import _build, pass_plan, segmented
 
 F = torchsp.functional
 ops = torch.ops.torchsp
@@ -35,6 +35,15 @@ DATAFLOWS = {
     "hybrid0": [2, 0, 0, 0],  # every offset weight-stationary
     "hybrid_all_os": [2, 0, 0, 99],  # no offset weight-stationary: one plain segment
 }
+# Split-K (dataflow 3): no segments; each tile's used offsets cut into S runs summed by separate
+# blocks into fp32 slabs (S = 5 leaves uneven and, on rows with few offsets, empty runs).
+SPLIT_K = {
+    "splitk2": [3, 0, 2, 0],
+    "splitk5_t9": [3, 9, 5, 0],
+    "splitk3_t15": [3, 15, 3, 0],
+    "splitk16_t3_unsorted": [3, 3, 16, -1],
+}
+EVERY = {**DATAFLOWS, **SPLIT_K}
 TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 
@@ -75,6 +84,39 @@ def test_plan_covers_every_pair_once(name, kernel):
         assert torch.equal(_covered(nb, seq, segs), (nb >= 0).long()), (name, which)
 
 
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_split_k_few_tiles(dtype):
+    """Split-K on a pass with fewer tiles than runs x SMs: 300 output rows of a real crop (three
+    128-row tiles), every S from 2 to 16 and tiles 0 (wgmma or mma.sync), 3 (mma.sync), 13 and 15
+    (swizzled / warp-specialized wgmma; mma.sync without sm_90a); float32 with tf32 tiles
+    (tile 11).  Forward and dgrad against the fp64 gather reference, with NaN-poisoned
+    workspace (a run that leaves a slab row unwritten fails), and bitwise equal run to run."""
+    c = lidar_crop()[:300].cuda()
+    x = torchsp.SparseTensor(randn(c.shape[0], 64, dtype=dtype, device="cuda", seed=1), c)
+    geom = torchsp.kmap.ConvGeometry(3)
+    km = torchsp.kmap.get_kernel_map(x, geom)[0]
+    w = randn(27, 64, 136, dtype=dtype, device="cuda", seed=2, scale=0.1)
+    dy = randn(c.shape[0], 136, dtype=dtype, device="cuda", seed=3)
+    want_y = ref.gather_conv(x.feats, km.nbmap, w)
+    want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
+    tiles = (0, 3, 13, 15) if dtype == torch.float16 else (11,)
+    tol = 5e-3  # fp16 and tf32 operands, fp32 sums
+    for tile in tiles:
+        for s in (2, 3, 5, 8, 16):
+            a = [3, tile, s, 0]
+            order, segs = pass_plan(km, "fwd", a, geom, dtype)
+            order_t, segs_t = pass_plan(km, "dgrad", a, geom, dtype)
+            assert segs == [] and segs_t == []
+            _poison_cache()
+            y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+            _poison_cache()
+            dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
+            assert rel_err(y, want_y) <= tol, (a, rel_err(y, want_y))
+            assert rel_err(dx, want_dx) <= tol, (a, rel_err(dx, want_dx))
+            assert torch.equal(y, ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t)), a
+
+
 def test_plan_cpu_and_plain_passes_have_no_segments():
     c = torch.unique(torch.randint(-5, 5, (300, 4)).clamp_min(0), dim=0).int()
     x = torchsp.SparseTensor(torch.zeros(c.shape[0], 1), c)
@@ -82,6 +124,7 @@ def test_plan_cpu_and_plain_passes_have_no_segments():
     kmap = torchsp.kmap.get_kernel_map(x, geom)[0]
     assert pass_plan(kmap, "fwd", [1, 0, 0, 0], geom)[1] == []  # CPU: its own dataflows
     assert pass_plan(kmap, "dgrad", [0, 0, 0, 0], geom)[1] == []
+    assert not any(segmented(a) for a in SPLIT_K.values())  # split-K is one plain pass
 
 
 def test_segments_bad_input(device):
@@ -110,7 +153,7 @@ def test_segments_bad_input(device):
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", list(DATAFLOWS))
+@pytest.mark.parametrize("name", list(EVERY))
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in (
     "sub_k3", "sub_k2", "sub_k5", "str_k2_s2", "str_k3_s2", "gen_k3", "tr_k2_s2", "trgen_k3_s2", "sub_k3_d2",
     "floor_k3_s2")], ids=lambda c: c.name)
@@ -121,7 +164,7 @@ def test_dataflow_vs_dense(case, name, dtype):
     w = randn(case.volume(), cin, cout, seed=4, dtype=dtype, device="cuda", scale=(case.volume() * cin) ** -0.5)
     feats = x.feats.detach().clone().requires_grad_()
     wp = w.clone().requires_grad_()
-    a = DATAFLOWS[name]
+    a = EVERY[name]
     _poison_cache()
     y = F.sparse_conv3d(x.replace(feats), wp, algo=(a, a, [0, 0, 0, 0]), **case.conv_kwargs())
     g = randn(*y.feats.shape, seed=5, dtype=dtype, device="cuda")
@@ -143,7 +186,7 @@ def test_dataflow_real_scan(cin, cout):
     dtype = torch.float16
     for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
         x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(c, geom, cin, cout, dtype)
-        for name, a in DATAFLOWS.items():
+        for name, a in EVERY.items():
             order, segs = pass_plan(km, "fwd", a, geom)
             order_t, segs_t = pass_plan(km, "dgrad", a, geom)
             _poison_cache()
@@ -157,7 +200,42 @@ def test_dataflow_real_scan(cin, cout):
 
 
 @needs_cuda
-@pytest.mark.parametrize("name", list(DATAFLOWS))
+@pytest.mark.parametrize("cin,cout", [(64, 64), (72, 136), (128, 256)])
+def test_ws_tiles_whole_scan(cin, cout):
+    """The warp-specialized tiles 14 and 15 (conv_wgmma_ws.cu: producer warps read each offset's
+    map entries once, tile buffers and barriers handed between producers and consumers, a tile
+    counter that ends each block) on the whole sweep at 0.2 m (67k voxels, 525 row tiles, more
+    than the 132 SMs).
+    Forward and dgrad, as a plain pass, as segmented passes (mask splits S = 2 add partial
+    sums; hybrid t = 1) and split-K (S = 3: three runs per tile in the counter's order), against
+    the fp64 gather reference, and bitwise equal run to run.
+    (Builds without sm_90a run the mma.sync fallback here: the same assertions hold.)"""
+    c = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2).cuda()
+    assert c.shape[0] > 60000
+    dtype = torch.float16
+    geom = torchsp.kmap.ConvGeometry(3)
+    x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c)
+    km = torchsp.kmap.get_kernel_map(x, geom)[0]
+    w = randn(27, cin, cout, dtype=dtype, device="cuda", seed=2, scale=0.1)
+    dy = randn(c.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+    want_y = ref.gather_conv(x.feats, km.nbmap, w)  # fp64 on the GPU
+    want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
+    for tile in (14, 15):
+        for a in ([0, tile, 0, 0], [0, tile, 2, 0], [2, tile, 0, 1], [3, tile, 3, 0]):
+            order, segs = pass_plan(km, "fwd", a, geom)
+            order_t, segs_t = pass_plan(km, "dgrad", a, geom)
+            _poison_cache()
+            y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+            _poison_cache()
+            dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
+            assert rel_err(y, want_y) <= TOL[dtype], (a, rel_err(y, want_y))
+            assert rel_err(dx, want_dx) <= TOL[dtype], (a, rel_err(dx, want_dx))
+            y2 = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+            assert torch.equal(y, y2), (a, "not deterministic")
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", list(EVERY))
 @pytest.mark.parametrize("shape", ["dense_cube", "one_row", "odd_c3", "odd_c5", "c96", "c384"])
 def test_dataflow_worst_cases(name, shape):
     """All 27 offsets present in most rows, one row, odd and wide channel counts."""
@@ -174,7 +252,7 @@ def test_dataflow_worst_cases(name, shape):
     dtype = torch.bfloat16
     x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c.cuda())
     w = randn(27, cin, cout, dtype=dtype, device="cuda", seed=2, scale=(27 * cin) ** -0.5)
-    a = DATAFLOWS[name]
+    a = EVERY[name]
     _poison_cache()
     y = F.sparse_conv3d(x, w, 3, algo=(a, a, [0, 0, 0, 0]))
     km = torchsp.kmap.get_kernel_map(x, 3)[0]
@@ -199,6 +277,6 @@ def test_dataflow_nan_propagates():
     w = randn(27, 32, 32, dtype=torch.float16, device="cuda", seed=2, scale=0.05)
     km = torchsp.kmap.get_kernel_map(st, 3)[0]
     readers = (km.nbmap == 17).any(1).cpu()
-    for name, a in DATAFLOWS.items():
+    for name, a in EVERY.items():
         y = F.sparse_conv3d(st, w, 3, algo=(a, a, [0, 0, 0, 0])).feats.cpu()
         assert torch.equal(torch.isnan(y).any(1), readers), name

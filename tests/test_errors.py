@@ -273,3 +273,26 @@ def test_wgrad_rejects_bad_pair_list(bad, device):
         ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], *args)
     # the good list is accepted and changes nothing
     assert torch.equal(ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], pairs, starts), ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0]))
+
+
+@pytest.mark.parametrize("algo,match", [([4, 0, 0, 0], "dataflow"), ([-1, 0, 0, 0], "dataflow"),
+                                        ([3, 0, 1, 0], "split"), ([3, 0, 17, 0], "split"),
+                                        ([3, 0, 0, 0], "split")],
+                         ids=["dataflow4", "dataflow_neg", "splitk1", "splitk17", "splitk0"])
+def test_bad_algo(algo, match, device):
+    """An algo list the kernels do not take fails in every pass, naming the element and the op."""
+    ops = torch.ops.torchsp
+    dtype = torch.float16 if device == "cuda" else torch.float64
+    c = random_coords(60, span=3, seed=4).to(device)
+    x = randn(c.shape[0], 8, dtype=dtype, device=device)
+    km = torchsp.kmap.get_kernel_map(torchsp.SparseTensor(x, c), 3)[0]
+    nb, nbt = km.nbmap, km.nbmap_t
+    dy = randn(c.shape[0], 8, dtype=dtype, device=device, seed=1)
+    w = randn(27, 8, 8, dtype=dtype, device=device, seed=2)
+    ok = [0, 0, 0, 0]
+    with pytest.raises(RuntimeError, match=f"conv_fwd.*algo.*{match}"):
+        ops.conv_fwd(x, w, nb, nbt, algo, ok, ok)
+    with pytest.raises(RuntimeError, match=f"conv_dgrad.*{match}"):
+        ops.conv_dgrad(dy, w, nbt, algo)
+    with pytest.raises(RuntimeError, match=f"conv_wgrad.*{match}"):
+        ops.conv_wgrad(x, dy, nb, algo)

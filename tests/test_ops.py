@@ -97,7 +97,8 @@ def test_opcheck_conv_empty(device):
 
 # --------------------------------------------------- passes vs the reference ---
 
-ALGOS = {"output_stationary": [0, 0, 0, 0], "weight_stationary": [1, 0, 0, 0], "hybrid_t2": [2, 0, 0, 2]}
+ALGOS = {"output_stationary": [0, 0, 0, 0], "weight_stationary": [1, 0, 0, 0], "hybrid_t2": [2, 0, 0, 2],
+         "split_k4": [3, 0, 4, 0]}
 
 
 def _call_or_unsupported(fn):

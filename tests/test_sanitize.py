@@ -106,6 +106,47 @@ def test_tensor_core_tiles(tile):
     assert torch.equal(dw_cached, dw_pieces)
 
 
+@pytest.mark.parametrize("tile", [14, 15])
+def test_ws_tiles_many(tile):
+    """The warp-specialized tiles (conv_wgmma_ws.cu) under the sanitizers with more tiles than
+    SMs: 40 -> 64 channels on ~19k rows (~150 row tiles); the tile counter, tile buffers and
+    their barriers; plain and split passes."""
+    coords = _coords(20000, seed=17, span=24)
+    feats = torch.randn(coords.shape[0], 40, dtype=torch.float64)
+    w = torch.randn(27, 40, 64, dtype=torch.float64) / 20
+    x_cpu = torchsp.SparseTensor(feats, coords)
+    ref = torchsp.functional.sparse_conv3d(x_cpu, w, 3, algo=[0, 0, 0, 0])
+    km_cpu = torchsp.kmap.get_kernel_map(x_cpu, 3)[0]
+    g = torch.linspace(-1, 1, ref.feats.numel(), dtype=torch.float64).reshape(ref.feats.shape)
+    ref_dx = torch.ops.torchsp.conv_dgrad(g, w, km_cpu.nbmap_t, [0, 0, 0, 0], None)
+    x = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
+    w16, g16 = w.to("cuda", torch.float16), g.to("cuda", torch.float16)
+    geom = torchsp.kmap.ConvGeometry(3)
+    km = torchsp.kmap.get_kernel_map(x, geom)[0]
+    assert (km.nbmap.shape[0] + 127) // 128 > 132
+    for a in ([0, tile, 0, 0], [0, tile, 2, 0]):
+        order, segs = torchsp.plan.pass_plan(km, "fwd", a, geom)
+        order_t, segs_t = torchsp.plan.pass_plan(km, "dgrad", a, geom)
+        y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs,
+                                       segs_t)
+        dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, order_t, segs_t)
+        _assert_close(y, dx, ref.feats, ref_dx)
+
+
+@pytest.mark.parametrize("tile", [0, 3, 13, 15])
+def test_split_k(tile):
+    """Split-K (dataflow 3) under the sanitizers: 40 -> 144 channels, 3 and 7 runs per tile (runs
+    with no offset among them), fp32 slabs in the workspace and their fixed-order sum."""
+    x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=14)
+    geom = torchsp.kmap.ConvGeometry(3)
+    km = torchsp.kmap.get_kernel_map(x, geom)[0]
+    for s in (3, 7):
+        a = [3, tile, s, 0]
+        y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
+        dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, km.order_t)
+        _assert_close(y, dx, ref_y, ref_dx)
+
+
 def test_wide_tiles():
     """128 -> 136 channels: tile 0 resolves to the warp-specialized wgmma tile 15 in forward (136
     produced channels) and the swizzled tile 12 in dgrad (128) on sm_90a builds (else mma.sync), and

@@ -92,10 +92,11 @@ def test_candidate_rejected_when_output_differs(cache_dir, monkeypatch):
 
 
 def test_deterministic_mode_filters_candidates():
-    """Every CUDA dataflow is atomic-free (segmented plans add in order), so all stay eligible
-    under deterministic algorithms; a dataflow a backend declares nondeterministic is dropped."""
+    """Every CUDA dataflow is atomic-free (segmented plans add in order, split-K's slabs are
+    summed in index order), so all stay eligible under deterministic algorithms; a dataflow a
+    backend declares nondeterministic is dropped."""
     every = tune.candidates("cuda", "fwd", (3, 3, 3))
-    assert {a[0] for a in every} == {0, 1, 2}
+    assert {a[0] for a in every} == {0, 1, 2, 3}
     assert tune.candidates("cuda", "fwd", (3, 3, 3), deterministic=True) == every
     tune._NONDETERMINISTIC["cuda"].add(1)
     try:
@@ -383,3 +384,13 @@ def test_per_layer_pass_ranks_a_clearly_slow_candidate_on_one_call(monkeypatch):
     assert calls[str(B)] == 1 + 1  # the check (the warm-up), then one timed call
     assert calls[str(C)] == 1 + 5  # within _PRUNE of A: all five timed calls
     assert ranked[-1][0] > 5 * best_t
+
+
+def test_split_k_timed_only_for_few_tiles():
+    """The tuner times split-K (dataflow 3) only for passes with no more 128-row tiles than the GPU
+    has SMs; never on the CPU, which has no split-K kernel of its own."""
+    assert not tune._few_tiles(10, torch.device("cpu"))
+    if torch.cuda.is_available():
+        d = torch.device("cuda", 0)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert tune._few_tiles(sms * 128, d) and not tune._few_tiles(sms * 128 + 1, d)

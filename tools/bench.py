@@ -5,6 +5,8 @@ Layers (voxels of /work/shared/data/lidar_198k.npz, batch 1):
   subm3 C=32, C=64 at 0.05 m; subm3 C=128, C=256 at 0.1 m (submanifold 3x3x3, Cin = Cout)
   down2 / down3: stride-2 K=2 / K=3 (padding 1) downsampling, C=64 at 0.05 m and C=128 at 0.1 m
   up2: transposed K=2 stride 2 back to the stride-1 coordinates, same channels
+  subm3_c128_small / subm3_c256_small: subm 3x3x3 at 0.4 m / 0.8 m (27.9k / 10.6k voxels,
+      a U-Net's deep levels), where tiles are fewer than SMs: split-K's layers
 Phases (map cached: built once before timing, as a model reuses it), CUDA events around the
 Python call a user makes, median of --iters after --warmup:
   fwd      torchsp.functional.sparse_conv3d(x, w, K, stride=..., transposed=..., algo=...) under no_grad
@@ -17,7 +19,8 @@ B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * N_out * V (x3 for fwd+bwd), e
 pairs = nbmap entries >= 0, PEAK = 790 TFLOP/s (fp16/bf16) or 438 (fp32, tf32).
 torchsp is reported per dataflow in --algos ("0" output-stationary mask-sorted, "0u" unsorted,
 "1" weight-stationary fetch-on-demand, "2:T" hybrid with L1 threshold T (default 2),
-"a,b,c,d" any [dataflow, tile, split, threshold] (e.g. 0,0,2,0 mask splits, 0,9,0,0 wgmma),
+"a,b,c,d" any [dataflow, tile, split, threshold] (e.g. 0,0,2,0 mask splits, 0,9,0,0 wgmma,
+3,0,4,0 split-K in 4 runs),
 "auto" the tuner's choice; torchsp/plan.py explains the dataflows).
 Peers (tools/peers.py: spconv, flexgemm, torchsparse, warpconvnet) are built on the same voxels
 with the same weights, their output is compared with torchsp's (relative error printed), then
@@ -64,6 +67,10 @@ LAYERS = [
     ("down2_c128", "down", 2, 128, 128, 0.1),
     ("down3_c128", "down", 3, 128, 128, 0.1),
     ("up2_c128", "up", 2, 128, 128, 0.1),
+    # few rows, as in a U-Net's deep levels (0.4 m ~ stride 8 and 0.8 m ~ stride 16 of a 0.05 m
+    # net): fewer 128-row tiles than the H100 has SMs x 2, where split-K (dataflow 3) pays
+    ("subm3_c128_small", "subm", 3, 128, 128, 0.4),
+    ("subm3_c256_small", "subm", 3, 256, 256, 0.8),
 ]
 
 

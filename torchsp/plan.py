@@ -16,7 +16,12 @@ deterministic.  This module turns a pass's algorithm choice into a plan:
                      offset k, so no mma is wasted, and W_k stays in the tile;
     [2, tile, _, t]  Spira's hybrid: offsets with L1 norm >= t weight-stationary
                      (their pair lists), the rest one output-stationary segment
-                     over all rows sorted by the masks of those offsets.
+                     over all rows sorted by the masks of those offsets;
+    [3, tile, S, t]  split-K: no segments; the plain pass (mask order, t = -1: map
+                     order) with each tile's used offsets cut into S runs that
+                     separate blocks of one launch sum into fp32 slabs, added in
+                     a fixed order (csrc/cuda/conv.cu): S times the blocks for
+                     layers with fewer tiles than SMs.
 
 Plans are built once per KernelMap and pass (cached on it).  Building the pair
 lists reads their sizes back to the host (one synchronisation per map), so

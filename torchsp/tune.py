@@ -61,12 +61,15 @@ PASSES = ("fwd", "dgrad", "wgrad")
 # map order (-1) with tile shape 0, 1 (64-row tiles) or 2 (128 x 256 tiles when
 # Cout > 128), plus tiles 3 (mma.sync), 12 and 13 (swizzled wgmma) on sm_90a builds; mask splits
 # (split 2); weight-stationary fetch-on-demand (dataflow 1); Spira's hybrid (dataflow 2)
-# at every L1 threshold of the kernel.  All are atomic-free and deterministic.
+# at every L1 threshold of the kernel; split-K over each tile's offsets in 2, 4 or 8 runs
+# (dataflow 3: layers with fewer tiles than the GPU has SMs).  All are atomic-free and
+# deterministic.
+_SPLIT_K = [[3, 0, 2, 0], [3, 0, 4, 0], [3, 0, 8, 0]]
 _CANDIDATES = {
     "cpu": {"fwd": [[0, 0, 0, 0], [1, 0, 0, 0]], "dgrad": [[0, 0, 0, 0], [1, 0, 0, 0]],
             "wgrad": [[0, 0, 0, 0]]},
-    "cuda": {"fwd": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]],
-             "dgrad": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]],
+    "cuda": {"fwd": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]] + _SPLIT_K,
+             "dgrad": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]] + _SPLIT_K,
              "wgrad": [[0, 0, 0, 0]]},
 }
 _NONDETERMINISTIC = {"cpu": set(), "cuda": set()}
@@ -378,6 +381,22 @@ def _tune_pass(pass_name, run, device, dtype, algos, setup_cost=None):
     return best, best_t, default_t, ranked
 
 
+_SMS = {}  # CUDA device index -> multiprocessor count
+
+
+def _few_tiles(rows, device):
+    """True when a pass over `rows` map rows has no more 128-row tiles than the GPU has SMs: where
+    split-K (dataflow 3) can fill the GPU.  Elsewhere it only adds fp32 slab traffic (H100, fp16,
+    lidar_198k: 1.31x faster at 10.6k rows and C = 256, even at 27.9k rows and C = 128, 2.2x
+    slower at 173k rows and C = 64), so the tuner does not time it there."""
+    if device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return (int(rows) + 127) // 128 <= _SMS[index]
+
+
 def _measure(feats, kmap, geom, weight):
     device, dtype = feats.device, feats.dtype
     x = feats.detach()
@@ -429,6 +448,9 @@ def _measure(feats, kmap, geom, weight):
             # The produced channels of the pass: tile 2 (128 x 256) is tile 0 below 129.
             n = w.shape[2] if p == "fwd" else w.shape[1]
             algos = [a for a in algos if not (device.type == "cuda" and a[1] == 2 and n <= 128)]
+            if p != "wgrad" and not _few_tiles(kmap.nbmap.shape[0] if p == "fwd" else kmap.nbmap_t.shape[0],
+                                               device):
+                algos = [a for a in algos if a[0] != 3]
             best, best_t, default_t, r = _tune_pass(p, runs[p], device, dtype, algos,
                                                     plan_seconds(p) if p != "wgrad" else None)
             choice[p] = best

@@ -130,6 +130,7 @@ static tsp_status check_problem(const tsp_conv_problem *prob, tsp_dataflow *data
   switch (prob->algo.dataflow) {
     case TSP_DATAFLOW_OUTPUT_STATIONARY:
     case TSP_DATAFLOW_HYBRID:
+    case TSP_DATAFLOW_SPLIT_K: /* a GPU occupancy device: one thread sums whole rows here anyway */
       *dataflow = TSP_DATAFLOW_OUTPUT_STATIONARY;
       return TSP_OK;
     case TSP_DATAFLOW_WEIGHT_STATIONARY:

@@ -31,7 +31,10 @@
 ** The dataflow of a tensor-core forward or dgrad is its list of segments
 ** (tsp_segment; torchsp/plan.py builds them: mask splits, weight-stationary,
 ** hybrid): one launch per segment, summed in an fp32 workspace, see
-** output_stationary() below.  Without segments the tiles walk prob->order /
+** output_stationary() below.  Split-K (dataflow 3, for passes with fewer
+** tiles than the GPU has SMs) is one launch of tiles x algo.split blocks,
+** each summing one run of its tile's used offsets into its own fp32 slab,
+** then tsp_conv_reduce_partials adds the slabs in index order.  Without segments the tiles walk prob->order /
 ** order_t (mask-sorted) when given, unless algo.threshold == -1 (unsorted).
 ** All paths are deterministic (no float atomics): wgrad's split over rows
 ** reduces in a fixed order.
@@ -73,6 +76,11 @@
 ** 2068, hybrid t = 3 205 / 362 / 514 / 1249: on this scan the fp32 partial
 ** sums (read-add-write per pair) and one launch per offset cost more than
 ** the skipped tile work saves, and the tuner keeps output-stationary.
+** Split-K (dataflow 3), fwd op, 2026-11-24, one run (us, default -> S = 2 / 4 /
+** 8): C = 256 at 0.8 m (10.6k rows, 83 tiles) 126.3 -> 96.1 / 108.6 / -;
+** C = 128 at 0.4 m (27.9k rows, 218 tiles) 108.3 -> 109.3 / 126.8 / 180.2;
+** C = 64 at 0.05 m (173k rows) 83.6 -> 180.9 / 267.5 / 476.5: the fp32 slabs
+** cost more than the occupancy gains once tiles outnumber the SMs.
 */
 #include "conv_internal.cuh"
 
@@ -140,16 +148,26 @@ static int tf32_asked(tsp_dtype dtype, int tile) {
 
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
+/* Split-K's runs per tile (TSP_DATAFLOW_SPLIT_K, the shim checks 2 .. TSP_SPLIT_K_MAX); 1: none. */
+static int split_k(tsp_algo algo) {
+  if (algo.dataflow != TSP_DATAFLOW_SPLIT_K || algo.split < 2) return 1;
+  return algo.split < TSP_SPLIT_K_MAX ? algo.split : TSP_SPLIT_K_MAX;
+}
+
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
-** of w, then (segmented plans) fp32 partial sums [rows, n]. */
+** of w (tiles 14 and 15: the weight image and the blocks' tile counter), then fp32 partial sums: [rows, n] for segmented plans, [splits,
+** rows, n] for split-K. */
 static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n, int n_segs) {
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->algo.tile);
   if (is_ws_tile(tile))
-    bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n));
+    bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n)) + 256; /* + tile counter */
   else if (is_wgmma_tile(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
-  if (n_segs > 0) bytes += (size_t)(rows * n) * sizeof(float);
+  if (n_segs > 0)
+    bytes += (size_t)(rows * n) * sizeof(float);
+  else
+    bytes += split_k(p->algo) > 1 ? (size_t)split_k(p->algo) * (size_t)(rows * n) * sizeof(float) : 0;
   return bytes;
 }
 
@@ -194,7 +212,7 @@ static tsp_status os_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_launch
 ** pass (the same sum; segments only steer which tile does which part).
 */
 static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, int transposed_w,
-                                    int tile, const tsp_segment *segs, int n_segs,
+                                    tsp_algo algo, const tsp_segment *segs, int n_segs,
                                     void *workspace, size_t workspace_bytes) {
   const int64_t rows = base->rows, n = base->n;
   cudaStream_t stream = base->stream;
@@ -204,7 +222,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
                                           stream),
                           "tsp_conv: zero output");
   tsp_os_launch a = *base;
-  tile = resolve_tile(dtype, a.red, n, tile);
+  const int tile = resolve_tile(dtype, a.red, n, algo.tile);
   os_kernel kind = OS_SIMPLE;
   if (fast_dtype(dtype) && is_wgmma_tile(tile) && tsp_conv_wgmma_check(dtype, &a, tile) == TSP_OK)
     kind = OS_WGMMA;
@@ -219,11 +237,12 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   size_t used = 0;
   if (kind == OS_WGMMA && is_ws_tile(tile)) { /* both passes: the weight image first */
     const size_t wbytes = align256(tsp_conv_wgmma_ws_image_bytes(a.volume, a.red, n));
-    if (ws == NULL || workspace_bytes < wbytes) return TSP_ERR_ARGUMENT;
+    if (ws == NULL || workspace_bytes < wbytes + 256) return TSP_ERR_ARGUMENT;
     tsp_status s = tsp_conv_wgmma_ws_image(dtype, &a, transposed_w, ws);
     if (s != TSP_OK) return s;
     a.w = ws;
-    used = wbytes;
+    a.tile_counter = (int32_t *)(ws + wbytes);
+    used = wbytes + 256;
   } else if (kind == OS_WGMMA && !transposed_w) { /* forward: K-major copy of w first */
     const size_t wbytes = align256(tsp_conv_wgmma_workspace(a.volume, a.red, n));
     if (ws == NULL || workspace_bytes < wbytes) return TSP_ERR_ARGUMENT;
@@ -231,6 +250,19 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
     if (s != TSP_OK) return s;
     a.w = ws;
     used = wbytes;
+  }
+  const int splits = split_k(algo);
+  if (n_segs <= 0 && splits > 1) { /* split-K: runs write partials, then a fixed-order sum */
+    const size_t acc_bytes = (size_t)splits * (size_t)(rows * n) * sizeof(float);
+    if (ws == NULL || workspace_bytes < used + acc_bytes) return TSP_ERR_ARGUMENT;
+    a.tile_rows = rows;
+    a.offsets = ~(uint64_t)0;
+    a.accum = (float *)(ws + used);
+    a.mode = TSP_EPI_ACC_INIT;
+    a.splits = splits;
+    tsp_status s = os_launch(kind, dtype, &a, transposed_w, tile);
+    if (s != TSP_OK) return s;
+    return tsp_conv_reduce_partials(dtype, a.accum, splits, rows * n, a.out, stream);
   }
   if (n_segs <= 0) {
     a.tile_rows = rows;
@@ -292,7 +324,7 @@ tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const 
                            segmented || prob->algo.threshold != -1 ? prob->order : NULL,
                            prob->n_out, prob->volume, prob->c_in, prob->c_out, y,
                            (cudaStream_t)stream, prob->n_out, ~(uint64_t)0, NULL, TSP_EPI_STORE};
-  return output_stationary(prob->dtype, &a, 0, prob->algo.tile, prob->segs, prob->n_segs,
+  return output_stationary(prob->dtype, &a, 0, prob->algo, prob->segs, prob->n_segs,
                            workspace, workspace_bytes);
 }
 
@@ -306,7 +338,7 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
                            segmented || prob->algo.threshold != -1 ? prob->order_t : NULL,
                            prob->n_in, prob->volume, prob->c_out, prob->c_in, dx,
                            (cudaStream_t)stream, prob->n_in, ~(uint64_t)0, NULL, TSP_EPI_STORE};
-  return output_stationary(prob->dtype, &a, 1, prob->algo.tile, prob->segs_t, prob->n_segs_t,
+  return output_stationary(prob->dtype, &a, 1, prob->algo, prob->segs_t, prob->n_segs_t,
                            workspace, workspace_bytes);
 }
 

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(CFG::THREADS)
     igemm_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
-                    int n, T *__restrict__ out, float *__restrict__ accum, int mode) {
+                    int n, T *__restrict__ out, float *__restrict__ accum, int mode, int splits) {
   enum { BM = CFG::BM, BN = CFG::BN, BK = CFG::BK, STAGES = CFG::STAGES, NT = CFG::THREADS };
   enum { MI = CFG::MI, NI = CFG::NI, A_LD = CFG::A_LD, B_LD = CFG::B_LD };
   static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
@@ -78,10 +78,12 @@ __global__ void __launch_bounds__(CFG::THREADS)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int64_t row0;
   int n0;
-  tsp_tile_origin(n, BM, BN, &row0, &n0);
+  int split; /* split-K: which run of the tile's offsets this block sums */
+  tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
   /* 1-2. The tile's map entries, per-offset masks of 16-row groups, used offsets. */
-  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile);
+  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
+  accum = tsp_split_accum(accum, split, rows, n);
   if (mode == TSP_EPI_ACC_ADD && *tile.count == 0) return; /* adds nothing (block-uniform) */
   const int chunks = (red + BK - 1) / BK;
   const int steps = *tile.count * chunks;
@@ -208,7 +210,24 @@ __global__ void __launch_bounds__(CFG::THREADS)
   }
   tsp_cp_async_wait<0>(); /* no copy may outlive the block (empty groups only, but be exact) */
 
-  /* 5. Every element of the tile is written, rows with no offset as zeros. */
+  /* 5. Every element of the tile is written, rows with no offset as zeros;
+  ** a segmented pass first adds the partial sums it reads (conv_tile.cuh). */
+  if (tsp_tile_reads(mode)) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const int col = n0 + wn0 + ni * 8 + (lane & 3) * 2;
+        if (col >= n) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int32_t r = s_rows[wm0 + mi * 16 + (lane >> 2) + h * 8];
+          if (r >= 0)
+            tsp_tile_add2(accum, (int64_t)r * n + col, &acc[mi][ni][2 * h], &acc[mi][ni][2 * h + 1]);
+        }
+      }
+    mode = tsp_tile_store_mode(mode);
+  }
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -232,10 +251,11 @@ template <typename T, typename CFG> static tsp_status launch_igemm(const tsp_os_
                                       "tsp_conv_igemm_os");
   if (s != TSP_OK) return s;
   const int64_t tiles = ((a.tile_rows + CFG::BM - 1) / CFG::BM) * ((a.n + CFG::BN - 1) / CFG::BN);
-  if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  igemm_os_kernel<T, CFG><<<(unsigned)tiles, CFG::THREADS, smem, a.stream>>>(
+  const int splits = a.splits > 1 ? a.splits : 1;
+  if (tiles * splits > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+  igemm_os_kernel<T, CFG><<<(unsigned)(tiles * splits), CFG::THREADS, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, a.tile_rows,
-      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode);
+      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits);
   return tsp_cuda_check_launch("tsp_conv_igemm_os");
 }
 

@@ -166,6 +166,11 @@ typedef struct {
   uint64_t offsets;    /* bit k: offset k takes part (~0: all) */
   float *accum;        /* [rows, n] fp32 partial sums (modes other than STORE) */
   int mode;            /* TSP_EPI_* */
+  int32_t *tile_counter; /* tiles 14 and 15: a device int the blocks take further tiles
+                            from (the launcher zeroes it first); NULL elsewhere */
+  int splits;          /* split-K: > 1 cuts each tile's offsets into this many runs, block
+                          (tile, s) writing its sums to accum + s * rows * n in `mode`
+                          (TSP_EPI_ACC_INIT); 0 or 1: none */
 } tsp_os_launch;
 
 /* TSP_OK when the mma.sync kernel takes this shape (fp16/bf16, channels

@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(CFG::THREADS)
     tf32_os_kernel(const float *__restrict__ src, int64_t src_rows, const float *__restrict__ w,
                    const int32_t *__restrict__ map, const int32_t *__restrict__ order,
                    int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
-                   int n, float *__restrict__ out, float *__restrict__ accum, int mode) {
+                   int n, float *__restrict__ out, float *__restrict__ accum, int mode, int splits) {
   enum { BM = CFG::BM, BN = CFG::BN, BK = CFG::BK, STAGES = CFG::STAGES, NT = CFG::THREADS };
   enum { MI = CFG::MI, NI = CFG::NI, A_LD = CFG::A_LD, B_LD = CFG::B_LD };
   enum { CHUNKS_K = BK / 4, CHUNKS_N = BN / 4 }; /* 16-byte copies per staged row */
@@ -82,10 +82,12 @@ __global__ void __launch_bounds__(CFG::THREADS)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int64_t row0;
   int n0;
-  tsp_tile_origin(n, BM, BN, &row0, &n0);
+  int split; /* split-K: which run of the tile's offsets this block sums */
+  tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
   /* 1-2. The tile's map entries, per-offset masks of 16-row groups, used offsets. */
-  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile);
+  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
+  accum = tsp_split_accum(accum, split, rows, n);
   if (mode == TSP_EPI_ACC_ADD && *tile.count == 0) return; /* adds nothing (block-uniform) */
   const int chunks = (red + BK - 1) / BK;
   const int steps = *tile.count * chunks;
@@ -214,7 +216,24 @@ __global__ void __launch_bounds__(CFG::THREADS)
   }
   tsp_cp_async_wait<0>(); /* no copy may outlive the block (empty groups only, but be exact) */
 
-  /* 5. Every element of the tile is written, rows with no offset as zeros. */
+  /* 5. Every element of the tile is written, rows with no offset as zeros;
+  ** a segmented pass first adds the partial sums it reads (conv_tile.cuh). */
+  if (tsp_tile_reads(mode)) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        const int col = n0 + wn0 + ni * 8 + t * 2;
+        if (col >= n) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int32_t r = s_rows[wm0 + mi * 16 + g + h * 8];
+          if (r >= 0)
+            tsp_tile_add2(accum, (int64_t)r * n + col, &acc[mi][ni][2 * h], &acc[mi][ni][2 * h + 1]);
+        }
+      }
+    mode = tsp_tile_store_mode(mode);
+  }
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -238,10 +257,11 @@ template <typename CFG> static tsp_status launch_tf32(const tsp_os_launch &a) {
                                       "tsp_conv_tf32_os");
   if (s != TSP_OK) return s;
   const int64_t tiles = ((a.tile_rows + CFG::BM - 1) / CFG::BM) * ((a.n + CFG::BN - 1) / CFG::BN);
-  if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  tf32_os_kernel<CFG><<<(unsigned)tiles, CFG::THREADS, smem, a.stream>>>(
+  const int splits = a.splits > 1 ? a.splits : 1;
+  if (tiles * splits > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+  tf32_os_kernel<CFG><<<(unsigned)(tiles * splits), CFG::THREADS, smem, a.stream>>>(
       (const float *)a.src, a.src_rows, (const float *)a.w, a.map, a.order, a.rows, a.tile_rows,
-      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (float *)a.out, a.accum, a.mode);
+      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (float *)a.out, a.accum, a.mode, splits);
   return tsp_cuda_check_launch("tsp_conv_tf32_os");
 }
 

@@ -19,8 +19,9 @@
 **   groups[volume]   bit g set when a row of 16-row group g uses offset k;
 **   list[volume], *count: the offsets with groups[k] != 0, increasing.
 ** Ends with a __syncthreads(); every thread of the block must call it.
-** tsp_tile_write2 is the shared epilogue: it stores, or adds into the fp32
-** partial sums of a segmented pass (conv.cu), as the launch's mode says.
+** tsp_tile_add2 and tsp_tile_write2 are the shared epilogue: a sweep that
+** adds the fp32 partial sums of a segmented pass (conv.cu) where the launch's
+** mode reads them, then a sweep that stores or writes the partial sums.
 */
 #ifndef TSP_CONV_TILE_CUH
 #define TSP_CONV_TILE_CUH
@@ -52,7 +53,8 @@ static __device__ __forceinline__ tsp_tile_smem tsp_tile_smem_at(void *base, int
   return t;
 }
 
-/* The tile of block blockIdx.x: its first row and first produced channel.
+/* Tile `tile` of `tiles` (block blockIdx.x of gridDim.x, one block per tile,
+** in tsp_tile_origin): its first row and first produced channel.
 ** Column tiles vary fastest, so the blocks that gather the same rows run together.
 ** Row tiles go in reverse (the launch is tiles_m * tiles_n blocks): the mask
 ** order puts the rows with rare offsets, whose tiles use the most offsets,
@@ -61,13 +63,33 @@ static __device__ __forceinline__ tsp_tile_smem tsp_tile_smem_at(void *base, int
 ** the last tiles use 25-27 offsets against 6.8-12.6 on average; a greedy
 ** schedule of those tile lengths over 132 SMs ends 13-30% past the ideal
 ** forward and 2.5% past it reversed. */
+static __device__ __forceinline__ void tsp_tile_origin_of(int64_t tile, int64_t tiles, int n, int bm,
+                                                          int bn, int64_t *row0, int *n0) {
+  const int tiles_n = (n + bn - 1) / bn;
+  const int64_t tiles_m = tiles / tiles_n;
+  const int64_t b = tile / tiles_n;
+  *n0 = (int)(tile - b * tiles_n) * bn;
+  *row0 = (tiles_m - 1 - b) * bm;
+}
+
 static __device__ __forceinline__ void tsp_tile_origin(int n, int bm, int bn, int64_t *row0,
                                                        int *n0) {
-  const int tiles_n = (n + bn - 1) / bn;
-  const int64_t tiles_m = gridDim.x / tiles_n;
-  const int64_t b = blockIdx.x / tiles_n;
-  *n0 = (int)(blockIdx.x - b * tiles_n) * bn;
-  *row0 = (tiles_m - 1 - b) * bm;
+  tsp_tile_origin_of(blockIdx.x, gridDim.x, n, bm, bn, row0, n0);
+}
+
+/* Split-K (splits > 1): the launch is tiles * splits blocks and block b sums
+** run b % splits of tile b / splits (tsp_tile_offsets cuts the runs), so the
+** runs of one tile, which gather the same rows, run side by side. */
+static __device__ __forceinline__ void tsp_tile_origin_split(int n, int bm, int bn, int splits,
+                                                             int64_t *row0, int *n0, int *split) {
+  const int s = splits > 1 ? splits : 1;
+  *split = (int)(blockIdx.x % s);
+  tsp_tile_origin_of(blockIdx.x / s, gridDim.x / s, n, bm, bn, row0, n0);
+}
+
+/* Where run `split` of a split-K launch writes its fp32 partial sums [rows, n]. */
+static __device__ __forceinline__ float *tsp_split_accum(float *accum, int split, int64_t rows, int n) {
+  return split > 0 ? accum + (int64_t)split * rows * n : accum;
 }
 
 /* `rows`: rows of map (order entries outside [0, rows) name no row);
@@ -83,19 +105,33 @@ static __device__ __forceinline__ void tsp_tile_origin(int n, int bm, int bn, in
 ** thread reading its own row's entries one by one made 27 scattered 4-byte
 ** requests per row: Nsight Compute put a third of the C = 64 wgmma
 ** kernel's stall samples on the shared stores waiting for those loads.) */
-template <int BM, int NT>
-static __device__ __forceinline__ void tsp_tile_offsets(
+/* The barrier among the NT threads that build a tile: the whole block
+** (BAR == 0), or hardware barrier BAR over threads [NT_first, NT_first + NT)
+** in whole warps (the warp-specialized kernel's producers). */
+template <int BAR, int NT> static __device__ __forceinline__ void tsp_tile_sync() {
+  if (BAR == 0)
+    __syncthreads();
+  else
+    asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");
+}
+
+/* tsp_tile_offsets by NT threads numbered tid = 0 .. NT - 1 that meet at barrier BAR.
+** splits > 1 (split-K): list and count keep run `split` of `splits` equal runs
+** of the used offsets, so the tiles' runs share the tile's work evenly; a run
+** may be empty (it then sums nothing: zeros).  groups keeps every used offset. */
+template <int BM, int NT, int BAR>
+static __device__ __forceinline__ void tsp_tile_offsets_by(
     const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
     int64_t tile_rows, int64_t row0, int volume, uint64_t offsets, int64_t src_rows,
-    const tsp_tile_smem &t) {
+    const tsp_tile_smem &t, const int tid, int split = 0, int splits = 1) {
   static_assert(BM % 16 == 0 && BM / 16 <= 32, "16-row groups; row-group masks are 32-bit");
   enum { G = BM / 16, WARPS = NT / 32, PASS_G = G >= 2 * WARPS ? 2 : 1, PASS_ROWS = 16 * PASS_G };
   int32_t *s_nb = t.nb, *s_rows = t.rows, *s_list = t.list, *s_count = t.count;
   uint32_t *s_groups = t.groups;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int lane = tid & 31, warp = tid >> 5;
   const int64_t rows_here = tile_rows - row0 < BM ? tile_rows - row0 : BM;
   for (int i = tid; i < volume; i += NT) s_groups[i] = 0;
-  __syncthreads();
+  tsp_tile_sync<BAR, NT>();
   for (int g0 = warp * PASS_G; g0 < G; g0 += WARPS * PASS_G) {
     const int first = g0 * 16;
     int32_t r = -1; /* lane j < PASS_ROWS: the map row of tile row first + j */
@@ -127,7 +163,7 @@ static __device__ __forceinline__ void tsp_tile_offsets(
       if (bits) atomicOr(&s_groups[k], bits);
     }
   }
-  __syncthreads();
+  tsp_tile_sync<BAR, NT>();
   /* Offsets some row of the tile uses, in increasing k (a warp ballot compacts). */
   if (warp == 0) {
     int count = 0;
@@ -138,9 +174,55 @@ static __device__ __forceinline__ void tsp_tile_offsets(
       if (used) s_list[count + __popc(ballot & ((1u << lane) - 1))] = k;
       count += __popc(ballot);
     }
+    if (splits > 1) { /* keep entries [lo, hi) of the list (volume <= 64: two per lane) */
+      const int lo = split * count / splits, hi = (split + 1) * count / splits;
+      __syncwarp();
+      const int k0 = lo + lane < hi ? s_list[lo + lane] : 0;
+      const int k1 = lo + lane + 32 < hi ? s_list[lo + lane + 32] : 0;
+      __syncwarp();
+      if (lo + lane < hi) s_list[lane] = k0;
+      if (lo + lane + 32 < hi) s_list[lane + 32] = k1;
+      count = hi - lo;
+    }
     if (lane == 0) *s_count = count;
   }
-  __syncthreads();
+  tsp_tile_sync<BAR, NT>();
+}
+
+/* The whole block builds its tile (the usual case). */
+template <int BM, int NT>
+static __device__ __forceinline__ void tsp_tile_offsets(
+    const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
+    int64_t tile_rows, int64_t row0, int volume, uint64_t offsets, int64_t src_rows,
+    const tsp_tile_smem &t, int split = 0, int splits = 1) {
+  tsp_tile_offsets_by<BM, NT, 0>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, t,
+                                 (int)threadIdx.x, split, splits);
+}
+
+/* The epilogues of a segmented pass run in two sweeps: first every
+** read-back partial sum joins the accumulators (tsp_tile_add2, when
+** tsp_tile_reads(mode)), then tsp_tile_write2 stores them in the mode
+** tsp_tile_store_mode(mode) leaves.  Why: a load of accum after the previous
+** element's store to out or accum cannot move ahead of it (they may alias,
+** as far as the compiler knows), so a one-sweep read-add-write waits a full
+** memory latency per element pair: 128 round trips per thread of a 256-wide
+** wgmma tile, which made mask splits S = 2 at C = 256 take 605 us against
+** 415 us unsplit (H100, 2026-11-24). */
+static __device__ __forceinline__ bool tsp_tile_reads(int mode) {
+  return mode == TSP_EPI_ACC_ADD || mode == TSP_EPI_ACC_FINISH;
+}
+
+/* The mode of the write sweep once the partial sums are in the accumulators. */
+static __device__ __forceinline__ int tsp_tile_store_mode(int mode) {
+  return mode == TSP_EPI_ACC_ADD ? TSP_EPI_ACC_INIT : mode == TSP_EPI_ACC_FINISH ? TSP_EPI_STORE : mode;
+}
+
+/* *a += accum[idx], *b += accum[idx + 1] (idx even: one 8-byte load). */
+static __device__ __forceinline__ void tsp_tile_add2(const float *__restrict__ accum, int64_t idx,
+                                                     float *a, float *b) {
+  const float2 v = *(const float2 *)(accum + idx);
+  *a += v.x;
+  *b += v.y;
 }
 
 /* Write two adjacent sums (col even) of tile row r as `mode` says (TSP_EPI_*):

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(WG_THREADS)
     wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
-                    int n, T *__restrict__ out, float *__restrict__ accum, int mode) {
+                    int n, T *__restrict__ out, float *__restrict__ accum, int mode, int splits) {
   enum { BM = 128 * MW, NT = WG_THREADS, A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   static_assert(!SW || BK == 64, "the 128-byte swizzle holds rows of 64 16-bit elements");
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -82,9 +82,11 @@ __global__ void __launch_bounds__(WG_THREADS)
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
   int64_t row0;
   int n0;
-  tsp_tile_origin(n, BM, BN, &row0, &n0);
+  int split; /* split-K: which run of the tile's offsets this block sums */
+  tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
-  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile);
+  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
+  accum = tsp_split_accum(accum, split, rows, n);
   if (mode == TSP_EPI_ACC_ADD && *tile.count == 0) return; /* adds nothing (block-uniform) */
   const int chunks = (red + BK - 1) / BK;
   const int steps = *tile.count * chunks;
@@ -209,7 +211,24 @@ __global__ void __launch_bounds__(WG_THREADS)
   for (int m = 0; m < MW; ++m) acc_fence(acc[m]);
   tsp_cp_async_wait<0>();
 
-  /* Epilogue: accumulator layout of conv_wgmma_ops.cuh. */
+  /* Epilogue: accumulator layout of conv_wgmma_ops.cuh; a segmented pass
+  ** first adds the partial sums it reads (conv_tile.cuh). */
+  if (tsp_tile_reads(mode)) {
+#pragma unroll
+    for (int m = 0; m < MW; ++m)
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+        if (col >= n) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int32_t r = s_rows[(MW * wg + m) * 64 + wwarp * 16 + (lane >> 2) + h * 8];
+          if (r >= 0)
+            tsp_tile_add2(accum, (int64_t)r * n + col, &acc[m][4 * j + 2 * h], &acc[m][4 * j + 2 * h + 1]);
+        }
+      }
+    mode = tsp_tile_store_mode(mode);
+  }
 #pragma unroll
   for (int m = 0; m < MW; ++m)
 #pragma unroll
@@ -248,10 +267,11 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
                                       smem, &smem_raised, "tsp_conv_wgmma_os");
   if (s != TSP_OK) return s;
   const int64_t tiles = ((a.tile_rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);
-  if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW><<<(unsigned)tiles, WG_THREADS, smem, a.stream>>>(
+  const int splits = a.splits > 1 ? a.splits : 1;
+  if (tiles * splits > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW><<<(unsigned)(tiles * splits), WG_THREADS, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, a.tile_rows,
-      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode);
+      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits);
   return tsp_cuda_check_launch("tsp_conv_wgmma_os");
 }
 

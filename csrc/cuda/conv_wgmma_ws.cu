@@ -130,23 +130,33 @@ static __device__ __forceinline__ void cp_async16_zfill(void *dst, const void *s
 
 /* ------------------------------------------------------------ kernel --- */
 
-enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256, WS_STAGES = 4 };
+enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256, WS_STAGES = 4, WS_TILE_BAR = 1 };
+enum { WS_SMEM_MAX = 232448 }; /* sm_90's dynamic shared memory per block */
 
 /* Columns per block for n produced channels (both tiles); the weight image is laid out for it. */
 static int ws_bn(int64_t n) { return n <= 64 ? 64 : n <= 128 ? 128 : 256; }
 
-static size_t ws_smem_bytes(int bn, int stages, int volume) {
+/* Stages, their barriers, the tile barriers and `tbufs` tile buffers (conv_tile.cuh). */
+static size_t ws_smem_bytes(int bn, int stages, int volume, int tbufs) {
   return 1024 /* stage alignment */ + (size_t)stages * (WS_BM + bn) * WS_BK * 2 +
-         (size_t)stages * 16 /* full, empty */ + tsp_tile_smem_bytes(WS_BM, volume);
+         (size_t)stages * 16 /* full, empty */ + 32 /* tile_full, tile_free */ +
+         (size_t)tbufs * tsp_tile_smem_bytes(WS_BM, volume);
 }
 
-/* src [src_rows, red]; wimg: ws_image_kernel's stage images; out [rows, n]. */
+/* The index of the next tile a block takes: word 1 of a tile buffer's count. */
+static __device__ __forceinline__ int32_t *ws_tile_index(const tsp_tile_smem &t) { return t.count + 1; }
+
+/* src [src_rows, red]; wimg: ws_image_kernel's stage images; out [rows, n];
+** next_tile: a zeroed counter; `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
+** Split-K (splits > 1): tile t is run t % splits of row/column tile t / splits
+** (tsp_tile_origin_split's order), its sums in accum + run * rows * n. */
 template <typename T, int BN, int STAGES, int PW, int MINB>
 __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     wgmma_ws_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ wimg,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
-                    int n, T *__restrict__ out, float *__restrict__ accum, int mode) {
+                    int n, T *__restrict__ out, float *__restrict__ accum, int mode,
+                    int *__restrict__ next_tile, int tiles, int tbufs, int splits) {
   enum { BM = WS_BM, BK = WS_BK, PT = 32 * PW, NT = WS_CONSUMERS + PT };
   enum { A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   static_assert(BM * BK / 8 % PT == 0, "producer threads split a stage's copies evenly");
@@ -154,95 +164,171 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   T *s_a = (T *)(smem_raw + ((1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023));
   T *s_b = s_a + STAGES * A_STAGE; /* stages are multiples of 1024 bytes */
   uint64_t *full = (uint64_t *)(s_b + STAGES * B_STAGE), *empty = full + STAGES;
-  const tsp_tile_smem tile = tsp_tile_smem_at(empty + STAGES, BM, volume);
+  uint64_t *tile_full = empty + STAGES, *tile_free = tile_full + 2;
+  const size_t tile_bytes = tsp_tile_smem_bytes(BM, volume);
+  unsigned char *tile_base = (unsigned char *)(tile_free + 2);
   const int tid = threadIdx.x;
-  if (tid == 0)
+  if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mb_init(&full[s], PT + 1); /* every producer thread's copies, plus B's expect_tx */
       mb_init(&empty[s], 2);     /* one arrival per consumer warpgroup */
     }
-  int64_t row0;
-  int n0;
-  tsp_tile_origin(n, BM, BN, &row0, &n0);
-  /* All threads; ends with __syncthreads (which also publishes the barriers). */
-  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile);
-  if (mode == TSP_EPI_ACC_ADD && *tile.count == 0) return; /* adds nothing (block-uniform) */
+    for (int b = 0; b < 2; ++b) {
+      mb_init(&tile_full[b], PT);          /* every producer thread, its tile writes done */
+      mb_init(&tile_free[b], WS_CONSUMERS); /* every consumer thread, done reading the tile */
+    }
+  }
+  __syncthreads(); /* publishes the barriers; the last block-wide barrier */
   const int chunks = (red + BK - 1) / BK;
-  const int steps = *tile.count * chunks;
 
-  if (tid >= WS_CONSUMERS) { /* producer warps; no block-wide barrier from here on */
-    const int p = tid - WS_CONSUMERS;
-    const T *wtile = wimg + (int64_t)(n0 / BN) * volume * chunks * B_STAGE;
-    int li = 0, ch = 0;
-    for (int step = 0; step < steps; ++step) {
-      const int s = step % STAGES;
-      mb_wait(&empty[s], ((step / STAGES) & 1) ^ 1); /* round 0 passes on the fresh barrier */
-      const int k = tile.list[li];
-      const uint32_t used = tile.groups[k];
-      T *a_dst = s_a + s * A_STAGE;
-      const int c0 = ch * BK;
+  if (tid >= WS_CONSUMERS) { /* producer warps */
+    /* Producer thread p copies 16-byte chunk cc of rows r_it = p / 8 + (PT / 8) it
+    ** of every stage.  It reads its rows' map entries once per offset, not once
+    ** per 64-channel chunk, all before the first copy, and keeps their source
+    ** offsets in registers.  Why: Nsight Compute put these warps ~93% busy in
+    ** a loop of ~30 instructions per copy (a shared load, its wait, 64-bit
+    ** address math) while the consumers waited on `full` ~60% of their time
+    ** (C = 256, tile 15, H100, 2026-11-24). */
+    enum { CPT = BM * BK / 8 / PT, RSTEP = PT / 8 }; /* copies per thread per stage; row step */
+    const int p = tid - WS_CONSUMERS, cc = p & 7, r0 = p >> 3;
+    /* Every row r_it has r_it % 8 == r0 % 8 (RSTEP is a multiple of 8): one swizzled slot. */
+    const int dst0 = r0 * 64 + ((cc ^ r0) & 7) * 8;
+    int g = 0; /* steps issued by this block so far: stage g % STAGES, round g / STAGES */
+    for (int i = 0;; ++i) {
+      const int tb = i % tbufs;
+      const tsp_tile_smem tile = tsp_tile_smem_at(tile_base + tb * tile_bytes, BM, volume);
+      mb_wait(&tile_free[tb], ((i / tbufs) & 1) ^ 1); /* its previous tile's epilogue is done */
+      if (p == 0) *ws_tile_index(tile) = i == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(next_tile, 1);
+      tsp_tile_sync<WS_TILE_BAR, PT>();
+      const int t = *ws_tile_index(tile);
+      if (t >= tiles) { /* no tile left: tell the consumers, and stop */
+        mb_arrive(&tile_full[tb]);
+        break;
+      }
+      int64_t row0;
+      int n0;
+      tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
+      tsp_tile_offsets_by<BM, PT, WS_TILE_BAR>(map, order, rows, tile_rows, row0, volume, offsets,
+                                                src_rows, tile, p, t % splits, splits);
+      mb_arrive(&tile_full[tb]); /* release: the consumers see the tile */
+      const int steps = *tile.count * chunks;
+      const T *wtile = wimg + (int64_t)(n0 / BN) * volume * chunks * B_STAGE;
+      int64_t off[CPT]; /* element offset of row r_it's chunk cc in src; -1: zero-fill; -2: no copy */
+      int li = 0, ch = 0;
+      for (int step = 0; step < steps; ++step, ++g) {
+        const int s = g % STAGES;
+        const int k = tile.list[li];
+        if (ch == 0) { /* a new offset */
+          const uint32_t used = tile.groups[k];
+          int32_t q[CPT];
 #pragma unroll
-      for (int it = 0; it < BM * BK / 8 / PT; ++it) {
-        const int i = p + it * PT, r = i >> 3, cc = i & 7; /* 8 lanes copy one row's 128 bytes */
-        if (!((used >> ((r >> 6) * 4)) & 0xFu)) continue; /* its warpgroup skips this step */
-        const int32_t q = tile.nb[r * volume + k];
-        const int c = c0 + cc * 8;
-        const bool valid = q >= 0 && c < red;
-        cp_async16_zfill(a_dst + r * 64 + ((cc ^ r) & 7) * 8, valid ? src + (int64_t)q * red + c : src,
-                         valid);
+          for (int it = 0; it < CPT; ++it) q[it] = tile.nb[(r0 + RSTEP * it) * volume + k];
+#pragma unroll
+          for (int it = 0; it < CPT; ++it) {
+            /* rows of a 64-row block that no row of uses k are not copied: its warpgroup skips */
+            const bool on = (used >> (((r0 + RSTEP * it) >> 6) * 4)) & 0xFu;
+            off[it] = !on ? -2 : q[it] >= 0 ? (int64_t)q[it] * red + cc * 8 : -1;
+          }
+        }
+        const int c0 = ch * BK;
+        const bool c_ok = c0 + cc * 8 < red;
+        mb_wait(&empty[s], ((g / STAGES) & 1) ^ 1); /* round 0 passes on the fresh barrier */
+        if (p == 0) { /* B first: the larger copy is in flight while the rows are issued */
+          mb_arrive_expect_tx(&full[s], B_STAGE * 2);
+          bulk_copy(s_b + s * B_STAGE, wtile + ((int64_t)k * chunks + ch) * B_STAGE, B_STAGE * 2, &full[s]);
+        }
+        T *a_dst = s_a + s * A_STAGE + dst0;
+#pragma unroll
+        for (int it = 0; it < CPT; ++it) {
+          if (off[it] == -2) continue;
+          const bool valid = off[it] >= 0 && c_ok;
+          cp_async16_zfill(a_dst + RSTEP * it * 64, valid ? src + off[it] + c0 : src, valid);
+        }
+        mb_arrive_cp_async(&full[s]);
+        if (++ch == chunks) ch = 0, ++li;
       }
-      mb_arrive_cp_async(&full[s]);
-      if (p == 0) {
-        mb_arrive_expect_tx(&full[s], B_STAGE * 2);
-        bulk_copy(s_b + s * B_STAGE, wtile + ((int64_t)k * chunks + ch) * B_STAGE, B_STAGE * 2, &full[s]);
-      }
-      if (++ch == chunks) ch = 0, ++li;
     }
     tsp_cp_async_wait<0>(); /* leave no copy of this thread in flight */
     return;
   }
 
   const int wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
-  float acc[ACC];
+  int g = 0; /* as the producers count */
+  for (int i = 0;; ++i) {
+    const int tb = i % tbufs;
+    const tsp_tile_smem tile = tsp_tile_smem_at(tile_base + tb * tile_bytes, BM, volume);
+    mb_wait(&tile_full[tb], (i / tbufs) & 1);
+    const int t = *ws_tile_index(tile);
+    if (t >= tiles) break;
+    int64_t row0;
+    int n0;
+    tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
+    float *const acc_out = tsp_split_accum(accum, t % splits, rows, n);
+    const int count = *tile.count, steps = count * chunks;
+    if (mode == TSP_EPI_ACC_ADD && count == 0) { /* adds nothing */
+      mb_arrive(&tile_free[tb]);
+      continue;
+    }
+    float acc[ACC];
 #pragma unroll
-  for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
-  int li = 0, ch = 0;
-  for (int step = 0; step < steps; ++step) {
-    const int s = step % STAGES;
-    const uint32_t groups = tile.groups[tile.list[li]];
-    if (++ch == chunks) ch = 0, ++li;
-    mb_wait(&full[s], (step / STAGES) & 1);
-    if ((groups >> (4 * wg)) & 0xFu) { /* warpgroup-uniform */
-      proxy_fence(); /* the cp.async (generic proxy) writes, seen through the barrier, to wgmma */
+    for (int e = 0; e < ACC; ++e) acc[e] = 0.0f;
+    int li = 0, ch = 0;
+    for (int step = 0; step < steps; ++step, ++g) {
+      const int s = g % STAGES;
+      const uint32_t groups = tile.groups[tile.list[li]];
+      if (++ch == chunks) ch = 0, ++li;
+      mb_wait(&full[s], (g / STAGES) & 1);
+      if ((groups >> (4 * wg)) & 0xFu) { /* warpgroup-uniform */
+        proxy_fence(); /* the cp.async (generic proxy) writes, seen through the barrier, to wgmma */
+        acc_fence(acc);
+        const T *a_s = s_a + s * A_STAGE + wg * 64 * BK, *b_s = s_b + s * B_STAGE;
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks)
+          wg_op<BN>::template run<T>(acc, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
+        wg_commit();
+        wg_wait<1>(); /* the previous step's wgmma has read its stage */
+      } else {
+        wg_wait<0>();
+      }
       acc_fence(acc);
-      const T *a_s = s_a + s * A_STAGE + wg * 64 * BK, *b_s = s_b + s * B_STAGE;
-      wg_fence();
-#pragma unroll
-      for (int ks = 0; ks < BK / 16; ++ks)
-        wg_op<BN>::template run<T>(acc, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
-      wg_commit();
-      wg_wait<1>(); /* the previous step's wgmma has read its stage */
-    } else {
-      wg_wait<0>();
+      if (step > 0 && (tid & 127) == 0) mb_arrive(&empty[(g - 1) % STAGES]);
     }
+    wg_wait<0>();
     acc_fence(acc);
-    if (step > 0 && (tid & 127) == 0) mb_arrive(&empty[(step - 1) % STAGES]);
-  }
-  wg_wait<0>();
-  acc_fence(acc);
+    /* The tile's last stage is free: the producers may already be filling
+    ** stages with the next tile while this epilogue writes. */
+    if (steps > 0 && (tid & 127) == 0) mb_arrive(&empty[(g - 1) % STAGES]);
 
-  /* Epilogue: accumulator layout of conv_wgmma_ops.cuh. */
+    /* Epilogue: accumulator layout of conv_wgmma_ops.cuh; a segmented pass
+    ** first adds the partial sums it reads (conv_tile.cuh). */
+    int wmode = mode;
+    if (tsp_tile_reads(mode)) {
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const int col = n0 + j * 8 + (lane & 3) * 2;
-    if (col >= n) continue;
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + j * 8 + (lane & 3) * 2;
+        if (col >= n) continue;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int32_t r = tile.rows[wg * 64 + wwarp * 16 + (lane >> 2) + h * 8];
-      if (r >= 0)
-        tsp_tile_write2(mode, out, accum, (int64_t)r * n + col, acc[4 * j + 2 * h],
-                        acc[4 * j + 2 * h + 1]);
+        for (int h = 0; h < 2; ++h) {
+          const int32_t r = tile.rows[wg * 64 + wwarp * 16 + (lane >> 2) + h * 8];
+          if (r >= 0) tsp_tile_add2(acc_out, (int64_t)r * n + col, &acc[4 * j + 2 * h], &acc[4 * j + 2 * h + 1]);
+        }
+      }
+      wmode = tsp_tile_store_mode(mode);
     }
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const int col = n0 + j * 8 + (lane & 3) * 2;
+      if (col >= n) continue;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int32_t r = tile.rows[wg * 64 + wwarp * 16 + (lane >> 2) + h * 8];
+        if (r >= 0)
+          tsp_tile_write2(wmode, out, acc_out, (int64_t)r * n + col, acc[4 * j + 2 * h],
+                          acc[4 * j + 2 * h + 1]);
+      }
+    }
+    mb_arrive(&tile_free[tb]); /* this thread is done with the tile buffer */
   }
 }
 
@@ -275,16 +361,29 @@ __global__ void ws_image_kernel(const uint16_t *__restrict__ w, int volume, int 
 
 template <typename T, int BN, int STAGES, int PW, int MINB>
 static tsp_status launch_ws(const tsp_os_launch &a) {
-  const size_t smem = ws_smem_bytes(BN, STAGES, (int)a.volume);
+  const int tbufs = ws_smem_bytes(BN, STAGES, (int)a.volume, 2) <= WS_SMEM_MAX ? 2 : 1;
+  const size_t smem = ws_smem_bytes(BN, STAGES, (int)a.volume, tbufs);
   static uint64_t smem_raised = 0;
   tsp_status s = tsp_raise_smem_limit((const void *)wgmma_ws_kernel<T, BN, STAGES, PW, MINB>, smem,
                                       &smem_raised, "tsp_conv_wgmma_ws");
   if (s != TSP_OK) return s;
-  const int64_t tiles = ((a.tile_rows + WS_BM - 1) / WS_BM) * ((a.n + BN - 1) / BN);
-  if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  wgmma_ws_kernel<T, BN, STAGES, PW, MINB><<<(unsigned)tiles, WS_CONSUMERS + 32 * PW, smem, a.stream>>>(
+  if (a.tile_counter == NULL) return TSP_ERR_ARGUMENT;
+  const int splits = a.splits > 1 ? a.splits : 1;
+  const int64_t tiles = ((a.tile_rows + WS_BM - 1) / WS_BM) * ((a.n + BN - 1) / BN) * splits;
+  if (tiles > 0x3fffffffLL) return TSP_ERR_UNSUPPORTED; /* gridDim.x + counter stay int */
+  /* One block per tile.  The kernel can run a persistent grid (min(tiles, SMs x MINB)
+  ** blocks taking tiles from the counter), but that grid hung on the H100 once
+  ** (2026-11-24: MinkUNet's tuner, batch 4, forward of the hybrid t = 3 on a
+  ** 42197-row 128 -> 256 layer; the same run completed with one block per tile,
+  ** cause not found), so each block takes its own tile and the counter ends it. */
+  const int64_t blocks = tiles;
+  s = tsp_cuda_check(cudaMemsetAsync(a.tile_counter, 0, sizeof(int32_t), a.stream),
+                     "tsp_conv_wgmma_ws: zero the tile counter");
+  if (s != TSP_OK) return s;
+  wgmma_ws_kernel<T, BN, STAGES, PW, MINB><<<(unsigned)blocks, WS_CONSUMERS + 32 * PW, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, a.tile_rows, a.offsets,
-      (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode);
+      (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter, (int)tiles,
+      tbufs, splits);
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");
 }
 
@@ -298,7 +397,16 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **   the all-warps swizzled tiles of conv_wgmma.cu: 113 (13) / 266 (12) / 695 (13).
 ** So two warps cannot issue a stage's 1024 row copies fast enough; four can,
 ** and tile 15 is tile 0 for n > 128 (conv.cu resolve_tile).  (An earlier
-** tile 15, BN <= 128 at two blocks per SM, measured 144 / 271 / 868.) */
+** tile 15, BN <= 128 at two blocks per SM, measured 144 / 271 / 868.)
+** With the producers reading map entries once per offset (2026-11-24, one
+** run each): tile 15 at C = 256 fwd 407 us, dgrad 407 (before, same day:
+** 462 / 463).  A 256-row variant (two m64 blocks per consumer warpgroup,
+** n <= 128) measured 213 vs 205 for tile 12 at C = 128 and 140 vs 85 for
+** tile 13 at C = 64 in the same run: not kept.  On the persistent grid (one
+** block per SM, tiles from the counter; since replaced by one block per tile,
+** see launch_ws), 2026-11-24, one run with FlexGEMM: C = 256 fwd 408.9, dgrad
+** 408.8 (FlexGEMM 605.5); C = 64 / 128 as tile 15: 143.9 / 231.3 against
+** 83.5 / 200.5 for tiles 13 / 12, which stay tile 0 there. */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(a.n);
   if (tile == 14) {
@@ -329,7 +437,7 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
   return TSP_ERR_UNSUPPORTED;
 #else
   if (!wg_launch_ok(dtype, a) || (tile != 14 && tile != 15)) return TSP_ERR_UNSUPPORTED;
-  if (ws_smem_bytes(ws_bn(a->n), WS_STAGES, (int)a->volume) > 232448) return TSP_ERR_UNSUPPORTED;
+  if (ws_smem_bytes(ws_bn(a->n), WS_STAGES, (int)a->volume, 1) > WS_SMEM_MAX) return TSP_ERR_UNSUPPORTED;
   if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
   return TSP_OK;
 #endif
