@@ -68,7 +68,8 @@ LAYERS = [
     ("down3_c128", "down", 3, 128, 128, 0.1),
     ("up2_c128", "up", 2, 128, 128, 0.1),
     # few rows, as in a U-Net's deep levels (0.4 m ~ stride 8 and 0.8 m ~ stride 16 of a 0.05 m
-    # net): fewer 128-row tiles than the H100 has SMs x 2, where split-K (dataflow 3) pays
+    # net): 218 and 83 row tiles of 128 rows against the H100's 132 SMs, where split-K (dataflow
+    # 3) may fill the GPU
     ("subm3_c128_small", "subm", 3, 128, 128, 0.4),
     ("subm3_c256_small", "subm", 3, 256, 256, 0.8),
 ]

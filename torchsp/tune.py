@@ -386,9 +386,9 @@ _SMS = {}  # CUDA device index -> multiprocessor count
 
 def _few_tiles(rows, device):
     """True when a pass over `rows` map rows has no more 128-row tiles than the GPU has SMs: where
-    split-K (dataflow 3) can fill the GPU.  Elsewhere it only adds fp32 slab traffic (H100, fp16,
-    lidar_198k: 1.31x faster at 10.6k rows and C = 256, even at 27.9k rows and C = 128, 2.2x
-    slower at 173k rows and C = 64), so the tuner does not time it there."""
+    split-K (dataflow 3) can fill the GPU.  Elsewhere it mostly adds fp32 slab traffic (H100,
+    fp16, lidar_198k, S = 2: 1.31x faster at 10.6k rows and C = 256, level at 27.9k rows and
+    C = 128, 2.2x slower at 173k rows and C = 64), so the tuner does not time it there."""
     if device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -34,8 +34,9 @@
 ** output_stationary() below.  Split-K (dataflow 3, for passes with fewer
 ** tiles than the GPU has SMs) is one launch of tiles x algo.split blocks,
 ** each summing one run of its tile's used offsets into its own fp32 slab,
-** then tsp_conv_reduce_partials adds the slabs in index order.  Without segments the tiles walk prob->order /
-** order_t (mask-sorted) when given, unless algo.threshold == -1 (unsorted).
+** then tsp_conv_reduce_partials adds the slabs in index order.  Without
+** segments the tiles walk prob->order / order_t (mask-sorted) when given,
+** unless algo.threshold == -1 (unsorted).
 ** All paths are deterministic (no float atomics): wgrad's split over rows
 ** reduces in a fixed order.
 ** float64 is TSP_ERR_UNSUPPORTED (the CPU kernels serve gradcheck).
@@ -155,8 +156,9 @@ static int split_k(tsp_algo algo) {
 }
 
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
-** of w (tiles 14 and 15: the weight image and the blocks' tile counter), then fp32 partial sums: [rows, n] for segmented plans, [splits,
-** rows, n] for split-K. */
+** of w (tiles 14 and 15: the weight image and the blocks' tile counter), then
+** fp32 partial sums: [rows, n] for segmented plans, [splits, rows, n] for
+** split-K. */
 static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n, int n_segs) {
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->algo.tile);
@@ -166,8 +168,8 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0)
     bytes += (size_t)(rows * n) * sizeof(float);
-  else
-    bytes += split_k(p->algo) > 1 ? (size_t)split_k(p->algo) * (size_t)(rows * n) * sizeof(float) : 0;
+  else if (split_k(p->algo) > 1)
+    bytes += (size_t)split_k(p->algo) * (size_t)(rows * n) * sizeof(float);
   return bytes;
 }
 

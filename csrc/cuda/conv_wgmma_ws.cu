@@ -311,7 +311,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int32_t r = tile.rows[wg * 64 + wwarp * 16 + (lane >> 2) + h * 8];
-          if (r >= 0) tsp_tile_add2(acc_out, (int64_t)r * n + col, &acc[4 * j + 2 * h], &acc[4 * j + 2 * h + 1]);
+          if (r >= 0)
+            tsp_tile_add2(acc_out, (int64_t)r * n + col, &acc[4 * j + 2 * h], &acc[4 * j + 2 * h + 1]);
         }
       }
       wmode = tsp_tile_store_mode(mode);
