@@ -204,8 +204,9 @@ def test_dataflow_real_scan(cin, cout):
 def test_ws_tiles_whole_scan(cin, cout):
     """The warp-specialized tiles 14 and 15 (conv_wgmma_ws.cu: producer warps read each offset's
     map entries once, tile buffers and barriers handed between producers and consumers, a tile
-    counter that ends each block) on the whole sweep at 0.2 m (67k voxels, 525 row tiles, more
-    than the 132 SMs).
+    counter that hands a persistent grid its tiles, every consumer warp arriving on each stage it
+    leaves; the weight image in 16-byte pieces) on the whole sweep at 0.2 m (67k voxels, 525 row
+    tiles, more than the 132 SMs).
     Forward and dgrad, as a plain pass, as segmented passes (mask splits S = 2 add partial
     sums; hybrid t = 1) and split-K (S = 3: three runs per tile in the counter's order), against
     the fp64 gather reference, and bitwise equal run to run.
@@ -232,6 +233,32 @@ def test_ws_tiles_whole_scan(cin, cout):
             assert rel_err(dx, want_dx) <= TOL[dtype], (a, rel_err(dx, want_dx))
             y2 = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
             assert torch.equal(y, y2), (a, "not deterministic")
+
+
+@needs_cuda
+@pytest.mark.parametrize("tile", [0, 3, 12, 13, 15])
+def test_misaligned_operands(tile):
+    """feats and weight as contiguous views 2 bytes past a 16-byte boundary: the tensor-core
+    kernels that need 16-byte aligned operands (wgmma's weight copy, tile 15's weight image) must
+    hand the call to a kernel that takes it, with the same result as the fp64 reference."""
+    c = lidar_crop().cuda()
+    cin, cout, dtype = 64, 136, torch.float16
+    geom = torchsp.kmap.ConvGeometry(3)
+    fbuf = randn(c.shape[0] * cin + 1, dtype=dtype, device="cuda", seed=1)
+    wbuf = randn(27 * cin * cout + 1, dtype=dtype, device="cuda", seed=2, scale=0.1)
+    feats, w = fbuf[1:].view(c.shape[0], cin), wbuf[1:].view(27, cin, cout)
+    assert feats.data_ptr() % 16 and w.data_ptr() % 16
+    x = torchsp.SparseTensor(feats, c)
+    km = torchsp.kmap.get_kernel_map(x, geom)[0]
+    dy = randn(c.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+    a = [0, tile, 0, 0]
+    _poison_cache()
+    y = ops.conv_fwd(feats, w, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t, [], [])
+    dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, km.order_t, [])
+    dw = ops.conv_wgrad(feats, dy, km.nbmap, a)
+    assert rel_err(y, ref.gather_conv(feats, km.nbmap, w)) <= TOL[dtype]
+    assert rel_err(dx, ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))) <= TOL[dtype]
+    assert rel_err(dw, ref.gather_wgrad(feats, km.nbmap, dy)) <= TOL[dtype]
 
 
 @needs_cuda

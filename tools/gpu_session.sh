@@ -150,6 +150,12 @@ stage_bench() {
   note "bench: rc=$?"; tail -45 "$OUT/bench.log" >> "$summary"
 }
 
+stage_ktimes() {
+  # Device time per kernel of each op call (tools/kernel_times.py, torch.profiler).
+  timeout ${KTIMES_TIMEOUT:-240} python3 tools/kernel_times.py ${KTIMES_ARGS:-} > "$OUT/ktimes.log" 2>&1
+  note "ktimes: rc=$?"; sed -n '/^# layer/,$p' "$OUT/ktimes.log" >> "$summary"
+}
+
 nvidia-smi -L | tee -a "$summary"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$summary"
 for s in "$@"; do "stage_$s"; done

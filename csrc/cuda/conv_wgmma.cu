@@ -245,18 +245,22 @@ __global__ void __launch_bounds__(WG_THREADS)
     }
 }
 
-/* wt[k][j][c] = w[k][c][j]: forward's [red, n] weights made K-major. */
+/* wt[k][j][c] = w[k][c][j]: forward's [red, n] weights made K-major.  A 32 x
+** 32 tile per block through shared memory (blockIdx: n tile, red tile, k), so
+** both the reads along w's rows and the writes along wt's are coalesced (a
+** thread per element read w with a stride of n: 4.8 us at C = 128, H100). */
+enum { WG_TR = 32, WG_TR_ROWS = 8 };
 template <typename T>
-__global__ void wg_transpose_kernel(const T *__restrict__ w, int64_t volume, int red, int n,
-                                    T *__restrict__ wt) {
-  const int64_t total = volume * red * n;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t k = i / ((int64_t)red * n);
-    const int64_t rem = i - k * red * n;
-    const int j = (int)(rem / red), c = (int)(rem - (int64_t)j * red);
-    wt[i] = w[k * red * n + (int64_t)c * n + j];
-  }
+__global__ void __launch_bounds__(WG_TR * WG_TR_ROWS)
+    wg_transpose_kernel(const T *__restrict__ w, int red, int n, T *__restrict__ wt) {
+  __shared__ T s[WG_TR][WG_TR + 1];
+  const int64_t base = (int64_t)blockIdx.z * red * n;
+  const int j0 = blockIdx.x * WG_TR, c0 = blockIdx.y * WG_TR, tx = threadIdx.x;
+  for (int y = threadIdx.y; y < WG_TR; y += WG_TR_ROWS)
+    if (c0 + y < red && j0 + tx < n) s[y][tx] = w[base + (int64_t)(c0 + y) * n + j0 + tx];
+  __syncthreads();
+  for (int y = threadIdx.y; y < WG_TR; y += WG_TR_ROWS)
+    if (j0 + y < n && c0 + tx < red) wt[base + (int64_t)(j0 + y) * red + c0 + tx] = s[tx][y];
 }
 
 template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false, bool SW = false>
@@ -296,7 +300,10 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
 ** 64-row tiles on one warpgroup (three blocks per SM; 3 stages, or 4 with
 ** PIPE) were slower than tile 0 at every C (fwd us at C = 32 / 64 / 128 /
 ** 256: 110 / 108 / 285 / 1195 against 54 / 91 / 212 / 465; one run,
-** 2026-11-23): not kept. */
+** 2026-11-23): not kept.  Tile 13 at C = 64 with 3 / 6 / 8 stages instead of
+** 4: 81.6 / 124.8 / 125.1 us against 78.4 (one run, 2026-11-24): 6 or more
+** stages leave one block per SM, and the short tiles (~7 steps at 0.05 m)
+** then wait out their prologues and epilogues alone. */
 template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, int tile) {
   const int64_t n = a.n;
   switch (tile) {
@@ -372,15 +379,17 @@ tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void 
   return TSP_ERR_UNSUPPORTED;
 #else
   if (wt == NULL || (uintptr_t)wt % 16 != 0) return TSP_ERR_UNSUPPORTED;
-  const int64_t total = a->volume * a->red * a->n;
-  const unsigned blocks = tsp_grid_blocks_max(total, 256, 132 * 8); /* one wave on an H100 */
-  if (total <= 0) return TSP_OK;
+  if (a->volume * a->red * a->n <= 0) return TSP_OK;
+  if (a->volume > 65535 || a->red > 65535LL * WG_TR || a->n > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+  const dim3 grid((unsigned)((a->n + WG_TR - 1) / WG_TR), (unsigned)((a->red + WG_TR - 1) / WG_TR),
+                  (unsigned)a->volume);
+  const dim3 block(WG_TR, WG_TR_ROWS);
   if (dtype == TSP_FLOAT16)
-    wg_transpose_kernel<__half><<<blocks, 256, 0, a->stream>>>(
-        (const __half *)a->w, a->volume, (int)a->red, (int)a->n, (__half *)wt);
+    wg_transpose_kernel<__half><<<grid, block, 0, a->stream>>>((const __half *)a->w, (int)a->red,
+                                                               (int)a->n, (__half *)wt);
   else
-    wg_transpose_kernel<__nv_bfloat16><<<blocks, 256, 0, a->stream>>>(
-        (const __nv_bfloat16 *)a->w, a->volume, (int)a->red, (int)a->n, (__nv_bfloat16 *)wt);
+    wg_transpose_kernel<__nv_bfloat16><<<grid, block, 0, a->stream>>>(
+        (const __nv_bfloat16 *)a->w, (int)a->red, (int)a->n, (__nv_bfloat16 *)wt);
   return tsp_cuda_check_launch("tsp_conv_wgmma_weights: transpose w");
 #endif
 }

@@ -28,8 +28,16 @@
 ** A consumer warpgroup waits for `full`, issues 4 wgmma (k16 each) unless
 ** none of its 64 rows uses the step's offset, keeps one step in flight
 ** (wgmma.wait_group 1) and then frees the previous step's stage (`empty`).
-** Every consumer waits on every stage even when it skips the step: an
-** mbarrier phase must not be arrived at twice by one warpgroup.
+** Every consumer warp waits on every stage even when it skips the step, and
+** each consumer warp (not warpgroup) arrives on `empty`.  Why: the four warps
+** of a warpgroup meet only inside a wgmma; through the steps it skips (C =
+** 256: one unused offset is 4 steps, a whole lap of the stages) warp 0 ran
+** ahead, its arrival let the producers refill the stage, and a sibling warp
+** still waiting on `full` then saw the barrier two phases on, which its
+** parity wait cannot tell from none: it waited for one more phase, fell a lap
+** behind and, at the tile's end, waited for a phase that never came.  That
+** was the hang of 2026-11-24 (MinkUNet's tuner, batch 4, a hybrid forward of
+** a 42197-row 128 -> 256 layer).
 */
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TSP_WGMMA_DEVICE 1
@@ -171,7 +179,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mb_init(&full[s], PT + 1); /* every producer thread's copies, plus B's expect_tx */
-      mb_init(&empty[s], 2);     /* one arrival per consumer warpgroup */
+      mb_init(&empty[s], WS_CONSUMERS / 32); /* one arrival per consumer warp */
     }
     for (int b = 0; b < 2; ++b) {
       mb_init(&tile_full[b], PT);          /* every producer thread, its tile writes done */
@@ -292,13 +300,13 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         wg_wait<0>();
       }
       acc_fence(acc);
-      if (step > 0 && (tid & 127) == 0) mb_arrive(&empty[(g - 1) % STAGES]);
+      if (step > 0 && lane == 0) mb_arrive(&empty[(g - 1) % STAGES]);
     }
     wg_wait<0>();
     acc_fence(acc);
     /* The tile's last stage is free: the producers may already be filling
     ** stages with the next tile while this epilogue writes. */
-    if (steps > 0 && (tid & 127) == 0) mb_arrive(&empty[(g - 1) % STAGES]);
+    if (steps > 0 && lane == 0) mb_arrive(&empty[(g - 1) % STAGES]);
 
     /* Epilogue: accumulator layout of conv_wgmma_ops.cuh; a segmented pass
     ** first adds the partial sums it reads (conv_tile.cuh). */
@@ -339,24 +347,50 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 ** in the 128-byte swizzle (16-byte chunk u of row j at u ^ (j % 8)); zero past
 ** n or red.  W_k(j, c) is w[k][c][j] (forward, w [V, red, n]) or w[k][j][c]
 ** (dgrad, transposed: w [V, n, red]).  Elements are moved as 16-bit words:
-** the same code serves fp16 and bf16. */
-__global__ void ws_image_kernel(const uint16_t *__restrict__ w, int volume, int red, int n,
-                                int transposed, int bn, int chunks, int64_t total,
-                                uint16_t *__restrict__ img) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const int e = (int)(i % (bn * 64));
-    const int64_t blk = i / (bn * 64);
-    const int ch = (int)(blk % chunks);
-    const int64_t rest = blk / chunks;
-    const int k = (int)(rest % volume), t = (int)(rest / volume);
-    const int j = e >> 6, slot = e & 63;
-    const int c = ch * 64 + ((((slot >> 3) ^ j) & 7) << 3) + (slot & 7);
-    const int row = t * bn + j;
-    uint16_t v = 0; /* +0.0 in fp16 and bf16 */
-    if (row < n && c < red)
-      v = transposed ? w[((int64_t)k * n + row) * red + c] : w[((int64_t)k * red + c) * n + row];
-    img[i] = v;
+** the same code serves fp16 and bf16.
+** One block per stage image, in 16-byte pieces (red and n are multiples of 8,
+** w is 16-byte aligned: tsp_conv_wgmma_ws_check).  dgrad: image chunk (j, u)
+** is 8 consecutive elements of w's row j, copied as they are.  Forward: the
+** block reads its [64 x bn] block of w along w's rows into shared memory and
+** writes the image from there.  Why: one thread per 2-byte image element read
+** the forward's w with a stride of n elements, 11.4 us per call at C = 256
+** (H100, 2026-11-24), and a 2-byte copy through shared memory still 12-14 us. */
+enum { WS_IMG_THREADS = 256, WS_IMG_PITCH = 256 + 2 }; /* pitch: odd in 4-byte words, few bank conflicts */
+__global__ void __launch_bounds__(WS_IMG_THREADS)
+    ws_image_kernel(const uint16_t *__restrict__ w, int volume, int red, int n, int transposed,
+                    int bn, int chunks, uint16_t *__restrict__ img) {
+  __shared__ uint16_t s[64 * WS_IMG_PITCH]; /* forward: [reduced channel][produced channel] */
+  const int64_t blk = blockIdx.x; /* ((t V + k) chunks + ch) */
+  const int ch = (int)(blk % chunks);
+  const int k = (int)((blk / chunks) % volume), t = (int)(blk / chunks / volume);
+  const int c0 = ch * 64, j0 = t * bn, pieces = bn * 8; /* 16-byte pieces of one image */
+  uint4 *dst = (uint4 *)(img + blk * bn * 64);
+  const uint4 zero = make_uint4(0, 0, 0, 0); /* +0.0 in fp16 and bf16 */
+  if (transposed) {
+    for (int i = threadIdx.x; i < pieces; i += WS_IMG_THREADS) {
+      const int j = i >> 3, c = ((((i & 7) ^ j) & 7) << 3); /* piece i: chunk i % 8 of row j */
+      dst[i] = j0 + j < n && c0 + c < red
+                   ? *(const uint4 *)(w + ((int64_t)k * n + j0 + j) * red + c0 + c)
+                   : zero;
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < pieces; i += WS_IMG_THREADS) {
+    const int c = i / (bn / 8), j = (i % (bn / 8)) * 8; /* 8 produced channels of row c of w[k] */
+    uint4 v = zero;
+    if (j0 + j < n && c0 + c < red) v = *(const uint4 *)(w + ((int64_t)k * red + c0 + c) * n + j0 + j);
+    const uint16_t *e = (const uint16_t *)&v;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) s[c * WS_IMG_PITCH + j + q] = e[q];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < pieces; i += WS_IMG_THREADS) {
+    const int j = i >> 3, c = ((((i & 7) ^ j) & 7) << 3);
+    uint4 v;
+    uint16_t *e = (uint16_t *)&v;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) e[q] = s[(c + q) * WS_IMG_PITCH + j];
+    dst[i] = v;
   }
 }
 
@@ -372,12 +406,16 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   const int splits = a.splits > 1 ? a.splits : 1;
   const int64_t tiles = ((a.tile_rows + WS_BM - 1) / WS_BM) * ((a.n + BN - 1) / BN) * splits;
   if (tiles > 0x3fffffffLL) return TSP_ERR_UNSUPPORTED; /* gridDim.x + counter stay int */
-  /* One block per tile.  The kernel can run a persistent grid (min(tiles, SMs x MINB)
-  ** blocks taking tiles from the counter), but that grid hung on the H100 once
-  ** (2026-11-24: MinkUNet's tuner, batch 4, forward of the hybrid t = 3 on a
-  ** 42197-row 128 -> 256 layer; the same run completed with one block per tile,
-  ** cause not found), so each block takes its own tile and the counter ends it. */
-  const int64_t blocks = tiles;
+  /* A persistent grid: one block per SM (MINB per SM) takes tiles from the
+  ** counter, and its producers list tile i + 1 into the second tile buffer
+  ** while the consumers finish tile i.  C = 256, H100: 398 us for the main
+  ** kernel against ~410 with one block per tile (2026-11-24). */
+  int sms = 0, dev = 0;
+  s = tsp_cuda_check(cudaGetDevice(&dev), "tsp_conv_wgmma_ws");
+  if (s == TSP_OK) s = tsp_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "tsp_conv_wgmma_ws");
+  if (s != TSP_OK) return s;
+  const int64_t per_wave = (int64_t)(sms > 0 ? sms : 1) * MINB;
+  const int64_t blocks = tiles < per_wave ? tiles : per_wave;
   s = tsp_cuda_check(cudaMemsetAsync(a.tile_counter, 0, sizeof(int32_t), a.stream),
                      "tsp_conv_wgmma_ws: zero the tile counter");
   if (s != TSP_OK) return s;
@@ -403,11 +441,13 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 ** run each): tile 15 at C = 256 fwd 407 us, dgrad 407 (before, same day:
 ** 462 / 463).  A 256-row variant (two m64 blocks per consumer warpgroup,
 ** n <= 128) measured 213 vs 205 for tile 12 at C = 128 and 140 vs 85 for
-** tile 13 at C = 64 in the same run: not kept.  On the persistent grid (one
-** block per SM, tiles from the counter; since replaced by one block per tile,
-** see launch_ws), 2026-11-24, one run with FlexGEMM: C = 256 fwd 408.9, dgrad
+** tile 13 at C = 64 in the same run: not kept.  On the persistent grid
+** (launch_ws), 2026-11-24, one run with FlexGEMM: C = 256 fwd 408.9, dgrad
 ** 408.8 (FlexGEMM 605.5); C = 64 / 128 as tile 15: 143.9 / 231.3 against
-** 83.5 / 200.5 for tiles 13 / 12, which stay tile 0 there. */
+** 83.5 / 200.5 for tiles 13 / 12, which stay tile 0 there.  One block per
+** tile instead (while the hang of the file header was not understood): the
+** main kernel 409-412 us at C = 256, the weight image 11.4 -> 4-6 us (16-byte
+** pieces, 2026-11-24). */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(a.n);
   if (tile == 14) {
@@ -437,7 +477,8 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
   (void)dtype, (void)a, (void)tile;
   return TSP_ERR_UNSUPPORTED;
 #else
-  if (!wg_launch_ok(dtype, a) || (tile != 14 && tile != 15)) return TSP_ERR_UNSUPPORTED;
+  if (!wg_launch_ok(dtype, a) || (tile != 14 && tile != 15) || (uintptr_t)a->w % 16 != 0)
+    return TSP_ERR_UNSUPPORTED;
   if (ws_smem_bytes(ws_bn(a->n), WS_STAGES, (int)a->volume, 1) > WS_SMEM_MAX) return TSP_ERR_UNSUPPORTED;
   if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
   return TSP_OK;
@@ -451,15 +492,17 @@ tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int 
   return TSP_ERR_UNSUPPORTED;
 #else
   if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
-  if (img == NULL || (uintptr_t)img % 16 != 0) return TSP_ERR_UNSUPPORTED;
+  if (img == NULL || (uintptr_t)img % 16 != 0 || (uintptr_t)a->w % 16 != 0 || a->red % 8 != 0 ||
+      a->n % 8 != 0)
+    return TSP_ERR_UNSUPPORTED; /* the kernel moves 16-byte pieces */
   const int bn = ws_bn(a->n);
   const int chunks = (int)((a->red + 63) / 64);
-  const int64_t total = (int64_t)tsp_conv_wgmma_ws_image_bytes(a->volume, a->red, a->n) / 2;
-  if (total <= 0) return TSP_OK;
-  const unsigned blocks = tsp_grid_blocks_max(total, 256, 132 * 8); /* one wave on an H100 */
-  ws_image_kernel<<<blocks, 256, 0, a->stream>>>((const uint16_t *)a->w, (int)a->volume, (int)a->red,
-                                                 (int)a->n, transposed_w, bn, chunks, total,
-                                                 (uint16_t *)img);
+  const int64_t images = a->volume * chunks * ((a->n + bn - 1) / bn); /* one block each */
+  if (images <= 0) return TSP_OK;
+  if (images > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+  ws_image_kernel<<<(unsigned)images, WS_IMG_THREADS, 0, a->stream>>>(
+      (const uint16_t *)a->w, (int)a->volume, (int)a->red, (int)a->n, transposed_w, bn, chunks,
+      (uint16_t *)img);
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws_image");
 #endif
 }

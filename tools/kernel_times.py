@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Per-kernel device time of one bench.py layer's forward, dgrad and wgrad ops (torch.profiler).
+
+Why: bench.py times each op call with CUDA events, which on a slow host measures the host's
+launch time as much as the GPU's.  This lists what the GPU itself runs per call: each kernel's
+mean duration and the call's sum, beside the event time, so a number of the benchmark table
+splits into main kernel, weight preparation, reductions and host time.
+
+    python tools/kernel_times.py --layers subm3_c64 subm3_c256 --algo 0,0,0,0
+"""
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+
+
+def profile_call(fn, calls):
+    """({kernel name: mean device us per call}, event us per call median) over `calls` calls.
+    The events are timed first: after a profiler session every launch may carry its tracing."""
+    from torch.profiler import ProfilerActivity, profile
+    event_us = bench.timeit(fn, 50, 5, torch.device("cuda"))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    return {k: v / calls for k, v in per.items()}, event_us
+
+
+def short(name, width=70):
+    name = name.split("(")[0]
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", nargs="+", default=["subm3_c32", "subm3_c64", "subm3_c128", "subm3_c256"])
+    ap.add_argument("--algo", default="0,0,0,0", help="dataflow,tile,split,threshold for every pass")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--data", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("kernel_times: needs a CUDA device")
+    args.data = bench.find_data(args.data)
+    args.voxel_scale = 1.0
+    from torchsp.kmap import ConvGeometry
+    from torchsp.plan import pass_plan, wgrad_pairs
+    device, dtype = torch.device("cuda"), bench.DTYPES[args.dtype]
+    algo = [int(v) for v in args.algo.split(",")]
+    summary = []
+    for spec in [l for l in bench.LAYERS if l[0] in args.layers]:
+        name, kind, K = spec[0], spec[1], spec[2]
+        x, kw, w, km, sz, _ = bench.make_layer(*spec, args, device, dtype)
+        geom = ConvGeometry(K, **kw)
+        order, segs = pass_plan(km, "fwd", algo, geom, dtype)
+        order_t, segs_t = pass_plan(km, "dgrad", algo, geom, dtype)
+        pairs, starts = wgrad_pairs(km, algo, dtype, spec[3], spec[4])
+        dy = torch.randn(sz["n_out"], spec[4], device=device, dtype=dtype)
+        calls = {
+            "fwd": lambda: torch.ops.torchsp.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, algo, algo, algo, order,
+                                                      order_t, segs, segs_t),
+            "dgrad": lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, algo, order_t, segs_t),
+            "wgrad": lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, algo, pairs, starts),
+        }
+        print(f"\n## {name}: N_out {sz['n_out']}, pairs {sz['pairs']}, algo {algo}")
+        with torch.no_grad():
+            for pass_name, fn in calls.items():
+                per, event_us = profile_call(fn, args.calls)
+                total = sum(per.values())
+                print(f"{pass_name:6s} event {event_us:8.1f} us, kernels {total:8.1f} us")
+                for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
+                    print(f"    {v:8.1f}  {short(k)}")
+                summary.append((name, pass_name, event_us, total, max(per.values()) if per else 0.0))
+    print("\n# layer       pass   event us  kernels us  largest kernel us")
+    for name, p, ev, tot, big in summary:
+        print(f"{name:12s} {p:6s} {ev:9.1f} {tot:11.1f} {big:18.1f}")
+
+
+if __name__ == "__main__":
+    main()
