@@ -235,24 +235,26 @@ def test_ws_tiles_whole_scan(cin, cout):
             assert torch.equal(y, y2), (a, "not deterministic")
 
 
-@needs_cuda
-@pytest.mark.parametrize("tile", [0, 3, 12, 13, 15])
-def test_misaligned_operands(tile):
+@pytest.mark.parametrize("device,tile", [("cpu", 0)] + [pytest.param("cuda", t, marks=needs_cuda)
+                                                          for t in (0, 3, 12, 13, 15)])
+def test_misaligned_operands(device, tile):
     """feats and weight as contiguous views 2 bytes past a 16-byte boundary: the tensor-core
     kernels that need 16-byte aligned operands (wgmma's weight copy, tile 15's weight image) must
-    hand the call to a kernel that takes it, with the same result as the fp64 reference."""
-    c = lidar_crop().cuda()
+    hand the call to a kernel that takes it, with the same result as the fp64 reference (the CPU
+    case: the same views through the CPU kernels)."""
+    c = lidar_crop().to(device)
     cin, cout, dtype = 64, 136, torch.float16
     geom = torchsp.kmap.ConvGeometry(3)
-    fbuf = randn(c.shape[0] * cin + 1, dtype=dtype, device="cuda", seed=1)
-    wbuf = randn(27 * cin * cout + 1, dtype=dtype, device="cuda", seed=2, scale=0.1)
+    fbuf = randn(c.shape[0] * cin + 1, dtype=dtype, device=device, seed=1)
+    wbuf = randn(27 * cin * cout + 1, dtype=dtype, device=device, seed=2, scale=0.1)
     feats, w = fbuf[1:].view(c.shape[0], cin), wbuf[1:].view(27, cin, cout)
     assert feats.data_ptr() % 16 and w.data_ptr() % 16
     x = torchsp.SparseTensor(feats, c)
     km = torchsp.kmap.get_kernel_map(x, geom)[0]
-    dy = randn(c.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+    dy = randn(c.shape[0], cout, dtype=dtype, device=device, seed=3)
     a = [0, tile, 0, 0]
-    _poison_cache()
+    if device == "cuda":
+        _poison_cache()
     y = ops.conv_fwd(feats, w, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t, [], [])
     dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, km.order_t, [])
     dw = ops.conv_wgrad(feats, dy, km.nbmap, a)
