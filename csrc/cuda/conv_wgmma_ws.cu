@@ -408,11 +408,13 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   if (tiles > 0x3fffffffLL) return TSP_ERR_UNSUPPORTED; /* gridDim.x + counter stay int */
   /* A persistent grid: one block per SM (MINB per SM) takes tiles from the
   ** counter, and its producers list tile i + 1 into the second tile buffer
-  ** while the consumers finish tile i.  C = 256, H100: 398 us for the main
-  ** kernel against ~410 with one block per tile (2026-11-24). */
+  ** while the consumers finish tile i.  C = 256, H100: 390.9 us for the main
+  ** kernel against 409-412 with one block per tile (2026-11-24). */
   int sms = 0, dev = 0;
   s = tsp_cuda_check(cudaGetDevice(&dev), "tsp_conv_wgmma_ws");
-  if (s == TSP_OK) s = tsp_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "tsp_conv_wgmma_ws");
+  if (s == TSP_OK)
+    s = tsp_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                       "tsp_conv_wgmma_ws: SM count");
   if (s != TSP_OK) return s;
   const int64_t per_wave = (int64_t)(sms > 0 ? sms : 1) * MINB;
   const int64_t blocks = tiles < per_wave ? tiles : per_wave;
