@@ -149,8 +149,8 @@ def test_split_k(tile):
 
 def test_wide_tiles():
     """128 -> 136 channels: tile 0 resolves to the warp-specialized wgmma tile 15 in forward (136
-    produced channels) and the swizzled tile 12 in dgrad (128) on sm_90a builds (else mma.sync), and
-    wgrad takes its 8-warp 128 x 128 tiles."""
+    produced channels, two column tiles of 128) and dgrad (128) on sm_90a builds (else mma.sync),
+    and wgrad takes its 8-warp 128 x 128 tiles."""
     coords = _coords(700, seed=5)
     feats = torch.randn(coords.shape[0], 128, dtype=torch.float64)
     w = torch.randn(27, 128, 136, dtype=torch.float64) / 30

@@ -15,7 +15,7 @@
 **     on sm_90a builds, resolve_wgrad);
 **     algo.tile 6-10 and 12-13 ask for the wgmma kernels of conv_wgmma.cu,
 **     14-15 the warp-specialized ones of conv_wgmma_ws.cu (15 is tile 0's
-**     choice for n > 128; 14 lost everywhere), which exist in sm_90a builds
+**     choice for n > 64; 14 lost everywhere), which exist in sm_90a builds
 **     (TORCH_CUDA_ARCH_LIST=9.0a) and run on
 **     sm_90 devices; elsewhere those tiles fall back to the mma.sync kernel;
 **     tile 0 picks between them (resolve_tile), tile 3 is mma.sync's default;
@@ -112,16 +112,17 @@ static int fast_dtype(tsp_dtype dtype) {
 
 /* algo.tile 0 ("the kernel's default") of an fp16/bf16 pass with red input and
 ** n produced channels, where each measured fastest (sm_90a build on an sm_90
-** device, both channel counts >= 64; H100, lidar_198k, fwd us): n > 128 the
-** warp-specialized tile 15 (C = 256: 547-552 vs 692 for tile 13; at C = 128
-** it ties tile 12, 273 vs 266), 64 < n <= 128 the swizzled tile 12 (C = 128:
-** 265 vs 280 for 13), n = 64 tile 13 (C = 64: 113-115 vs 126 for 12, 139
-** mma.sync, 144-154 for the warp-specialized tiles); else mma.sync, which
-** stays faster at C = 32 (72 vs 114 us for wgmma tile 9). */
+** device, both channel counts >= 64; H100, lidar_198k, fwd us): n > 64 the
+** warp-specialized tile 15 since its producers issue straight-line copies
+** (2026-11-24, one run: C = 128 157 vs 199 for tile 12, dgrad 155 vs 194;
+** C = 256 312-338 vs 420 before), n = 64 tile 13 (C = 64: 84 vs 111 for
+** tile 15, 102 for tile 15 at two blocks per SM, 126 for 12, 139 mma.sync);
+** else mma.sync, which stays faster at C = 32 (56 vs 107 for tile 15, 114
+** for wgmma tile 9). */
 static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int tile) {
   if (tile != 0 || !fast_dtype(dtype) || red < 64 || n < 64 || !tsp_conv_wgmma_available())
     return tile;
-  return n > 128 ? 15 : n > 64 ? 12 : 13;
+  return n > 64 ? 15 : 13;
 }
 
 /* wgrad's algo.tile 0 on fp16/bf16 with both channel counts >= 64 (sm_90a

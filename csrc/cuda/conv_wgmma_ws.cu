@@ -124,15 +124,14 @@ static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uin
 #endif
 }
 
-/* 16-byte cp.async that writes zeros when !valid (source size 0): every
-** write of a stage is then a cp.async that the stage's barrier tracks. */
-static __device__ __forceinline__ void cp_async16_zfill(void *dst, const void *src, bool valid) {
+/* 16-byte cp.async to shared address dst reading `bytes` (16 or 0) of src and
+** zero-filling the rest: a zero-size copy reads nothing but still lands. */
+static __device__ __forceinline__ void cp_async16_bytes(uint32_t dst, const void *src, uint32_t bytes) {
 #ifdef TSP_WGMMA_DEVICE
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tsp_smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
                : "memory");
 #else
-  (void)dst, (void)src, (void)valid;
+  (void)dst, (void)src, (void)bytes;
 #endif
 }
 
@@ -221,37 +220,46 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       mb_arrive(&tile_full[tb]); /* release: the consumers see the tile */
       const int steps = *tile.count * chunks;
       const T *wtile = wimg + (int64_t)(n0 / BN) * volume * chunks * B_STAGE;
-      int64_t off[CPT]; /* element offset of row r_it's chunk cc in src; -1: zero-fill; -2: no copy */
+      /* Per offset: row r_it's source (chunk cc of its first 64 channels; src
+      ** itself when absent, then read as 0 bytes), its bytes (16, or 0 when
+      ** absent) and which 64-row blocks use the offset at all (bit b of
+      ** `blocks`; row r_it is in block RSTEP it / 64, a constant of the
+      ** unrolled loop). */
+      const T *from[CPT];
+      uint32_t have[CPT], blocks = 0;
       int li = 0, ch = 0;
       for (int step = 0; step < steps; ++step, ++g) {
         const int s = g % STAGES;
         const int k = tile.list[li];
         if (ch == 0) { /* a new offset */
           const uint32_t used = tile.groups[k];
+          blocks = 0;
+#pragma unroll
+          for (int b = 0; b < BM / 64; ++b) blocks |= ((used >> (4 * b)) & 0xFu) ? 1u << b : 0u;
           int32_t q[CPT];
 #pragma unroll
           for (int it = 0; it < CPT; ++it) q[it] = tile.nb[(r0 + RSTEP * it) * volume + k];
 #pragma unroll
           for (int it = 0; it < CPT; ++it) {
-            /* rows of a 64-row block that no row of uses k are not copied: its warpgroup skips */
-            const bool on = (used >> (((r0 + RSTEP * it) >> 6) * 4)) & 0xFu;
-            off[it] = !on ? -2 : q[it] >= 0 ? (int64_t)q[it] * red + cc * 8 : -1;
+            have[it] = q[it] >= 0 ? 16u : 0u;
+            from[it] = src + (q[it] >= 0 ? (int64_t)q[it] * red + cc * 8 : 0);
           }
         }
         const int c0 = ch * BK;
-        const bool c_ok = c0 + cc * 8 < red;
+        const uint32_t bytes = c0 + cc * 8 < red ? 16 : 0; /* 0: the chunk is past red, zeros */
         mb_wait(&empty[s], ((g / STAGES) & 1) ^ 1); /* round 0 passes on the fresh barrier */
         if (p == 0) { /* B first: the larger copy is in flight while the rows are issued */
           mb_arrive_expect_tx(&full[s], B_STAGE * 2);
           bulk_copy(s_b + s * B_STAGE, wtile + ((int64_t)k * chunks + ch) * B_STAGE, B_STAGE * 2, &full[s]);
         }
-        T *a_dst = s_a + s * A_STAGE + dst0;
+        /* Straight-line copies: Nsight Compute put these warps ~90% busy in
+        ** a per-copy branch, select and pointer rebuild, and the consumers
+        ** 31% of their samples waiting for them (C = 256, 2026-11-24). */
+        const uint32_t a_dst = tsp_smem_addr(s_a + s * A_STAGE + dst0);
 #pragma unroll
-        for (int it = 0; it < CPT; ++it) {
-          if (off[it] == -2) continue;
-          const bool valid = off[it] >= 0 && c_ok;
-          cp_async16_zfill(a_dst + RSTEP * it * 64, valid ? src + off[it] + c0 : src, valid);
-        }
+        for (int it = 0; it < CPT; ++it)
+          if ((blocks >> (RSTEP * it / 64)) & 1u) /* rows of an unused block are not copied */
+            cp_async16_bytes(a_dst + RSTEP * it * 64 * 2, from[it] + c0, have[it] & bytes);
         mb_arrive_cp_async(&full[s]);
         if (++ch == chunks) ch = 0, ++li;
       }
@@ -437,7 +445,7 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **   tile 15: 273 / 552 at C = 128 / 256, dgrad 272 / 549;
 **   the all-warps swizzled tiles of conv_wgmma.cu: 113 (13) / 266 (12) / 695 (13).
 ** So two warps cannot issue a stage's 1024 row copies fast enough; four can,
-** and tile 15 is tile 0 for n > 128 (conv.cu resolve_tile).  (An earlier
+** and tile 15 is tile 0 for n > 64 (conv.cu resolve_tile).  (An earlier
 ** tile 15, BN <= 128 at two blocks per SM, measured 144 / 271 / 868.)
 ** With the producers reading map entries once per offset (2026-11-24, one
 ** run each): tile 15 at C = 256 fwd 407 us, dgrad 407 (before, same day:
@@ -449,7 +457,11 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 ** 83.5 / 200.5 for tiles 13 / 12, which stay tile 0 there.  One block per
 ** tile instead (while the hang of the file header was not understood): the
 ** main kernel 409-412 us at C = 256, the weight image 11.4 -> 4-6 us (16-byte
-** pieces, 2026-11-24). */
+** pieces, 2026-11-24).  Straight-line producer copies (2026-11-24, one run,
+** fwd op): C = 256 420 -> 312-338 us, C = 128 231 -> 157, C = 64 145 -> 112
+** (tile 13: 84); 6 stages at C = 128 and 8 at C = 64 changed nothing, nor
+** did freeing each stage before the next step's wgmma (wgmma.wait_group 0);
+** two blocks per SM at C = 64 (3 stages): 102. */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(a.n);
   if (tile == 14) {
