@@ -218,36 +218,20 @@ __global__ void __launch_bounds__(CFG::THREADS)
 
   /* 5. Every element of the tile is written, rows with no offset as zeros;
   ** a segmented pass first adds the partial sums it reads (conv_tile.cuh). */
-  if (tsp_tile_reads(mode)) {
+  tsp_tile_epilogue(mode, out, accum, n, [&](auto f) {
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni) {
         const int col = n0 + wn0 + ni * 8 + t * 2;
-        if (col >= n) continue;
+        if (col >= n) continue; /* n is a multiple of 4: col + 1 < n too */
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int32_t r = s_rows[wm0 + mi * 16 + g + h * 8];
-          if (r >= 0)
-            tsp_tile_add2(accum, (int64_t)r * n + col, &acc[mi][ni][2 * h], &acc[mi][ni][2 * h + 1]);
+          if (r >= 0) f(r, col, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
         }
       }
-    mode = tsp_tile_store_mode(mode);
-  }
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni) {
-      const int col = n0 + wn0 + ni * 8 + t * 2;
-      if (col >= n) continue; /* n is a multiple of 4: col + 1 < n too */
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int32_t r = s_rows[wm0 + mi * 16 + g + h * 8];
-        if (r >= 0)
-          tsp_tile_write2(mode, out, accum, (int64_t)r * n + col, acc[mi][ni][2 * h],
-                          acc[mi][ni][2 * h + 1]);
-      }
-    }
+  });
 }
 
 template <typename CFG> static tsp_status launch_tf32(const tsp_os_launch &a) {

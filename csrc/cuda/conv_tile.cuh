@@ -19,7 +19,7 @@
 **   groups[volume]   bit g set when a row of 16-row group g uses offset k;
 **   list[volume], *count: the offsets with groups[k] != 0, increasing.
 ** Ends with a __syncthreads(); every thread of the block must call it.
-** tsp_tile_add2 and tsp_tile_write2 are the shared epilogue: a sweep that
+** tsp_tile_epilogue (over tsp_tile_add2 and tsp_tile_write2) is the shared epilogue: a sweep that
 ** adds the fp32 partial sums of a segmented pass (conv.cu) where the launch's
 ** mode reads them, then a sweep that stores or writes the partial sums.
 */
@@ -245,6 +245,23 @@ static __device__ __forceinline__ void tsp_tile_write2(int mode, T *__restrict__
     *p = make_float2(v.x + a, v.y + b);
   else
     tsp_store2(out + idx, v.x + a, v.y + b);
+}
+
+/* The whole two-sweep epilogue of a thread.  pairs(f) calls f(r, col, a, b)
+** for each of the thread's accumulator pairs with a map row r >= 0 and an
+** even column col < n, a and b the pair's sums (float &); the kernel's
+** accumulator layout lives in `pairs` alone. */
+template <typename T, typename Pairs>
+static __device__ __forceinline__ void tsp_tile_epilogue(int mode, T *__restrict__ out,
+                                                         float *__restrict__ accum, int n,
+                                                         Pairs pairs) {
+  if (tsp_tile_reads(mode)) {
+    pairs([&](int32_t r, int col, float &a, float &b) { tsp_tile_add2(accum, (int64_t)r * n + col, &a, &b); });
+    mode = tsp_tile_store_mode(mode);
+  }
+  pairs([&](int32_t r, int col, float &a, float &b) {
+    tsp_tile_write2(mode, out, accum, (int64_t)r * n + col, a, b);
+  });
 }
 
 #endif /* TSP_CONV_TILE_CUH */

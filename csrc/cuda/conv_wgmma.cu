@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(WG_THREADS)
 
   /* Epilogue: accumulator layout of conv_wgmma_ops.cuh; a segmented pass
   ** first adds the partial sums it reads (conv_tile.cuh). */
-  if (tsp_tile_reads(mode)) {
+  tsp_tile_epilogue(mode, out, accum, n, [&](auto f) {
 #pragma unroll
     for (int m = 0; m < MW; ++m)
 #pragma unroll
@@ -223,26 +223,10 @@ __global__ void __launch_bounds__(WG_THREADS)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int32_t r = s_rows[(MW * wg + m) * 64 + wwarp * 16 + (lane >> 2) + h * 8];
-          if (r >= 0)
-            tsp_tile_add2(accum, (int64_t)r * n + col, &acc[m][4 * j + 2 * h], &acc[m][4 * j + 2 * h + 1]);
+          if (r >= 0) f(r, col, acc[m][4 * j + 2 * h], acc[m][4 * j + 2 * h + 1]);
         }
       }
-    mode = tsp_tile_store_mode(mode);
-  }
-#pragma unroll
-  for (int m = 0; m < MW; ++m)
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = n0 + j * 8 + (lane & 3) * 2;
-      if (col >= n) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int32_t r = s_rows[(MW * wg + m) * 64 + wwarp * 16 + (lane >> 2) + h * 8];
-        if (r >= 0)
-          tsp_tile_write2(mode, out, accum, (int64_t)r * n + col, acc[m][4 * j + 2 * h],
-                          acc[m][4 * j + 2 * h + 1]);
-      }
-    }
+  });
 }
 
 /* wt[k][j][c] = w[k][c][j]: forward's [red, n] weights made K-major.  A 32 x

@@ -318,8 +318,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 
     /* Epilogue: accumulator layout of conv_wgmma_ops.cuh; a segmented pass
     ** first adds the partial sums it reads (conv_tile.cuh). */
-    int wmode = mode;
-    if (tsp_tile_reads(mode)) {
+    tsp_tile_epilogue(mode, out, acc_out, n, [&](auto f) {
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int col = n0 + j * 8 + (lane & 3) * 2;
@@ -327,24 +326,10 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int32_t r = tile.rows[wg * 64 + wwarp * 16 + (lane >> 2) + h * 8];
-          if (r >= 0)
-            tsp_tile_add2(acc_out, (int64_t)r * n + col, &acc[4 * j + 2 * h], &acc[4 * j + 2 * h + 1]);
+          if (r >= 0) f(r, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
         }
       }
-      wmode = tsp_tile_store_mode(mode);
-    }
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      const int col = n0 + j * 8 + (lane & 3) * 2;
-      if (col >= n) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int32_t r = tile.rows[wg * 64 + wwarp * 16 + (lane >> 2) + h * 8];
-        if (r >= 0)
-          tsp_tile_write2(wmode, out, acc_out, (int64_t)r * n + col, acc[4 * j + 2 * h],
-                          acc[4 * j + 2 * h + 1]);
-      }
-    }
+    });
     mb_arrive(&tile_free[tb]); /* this thread is done with the tile buffer */
   }
 }
