@@ -77,6 +77,14 @@
 ** 2068, hybrid t = 3 205 / 362 / 514 / 1249: on this scan the fp32 partial
 ** sums (read-add-write per pair) and one launch per offset cost more than
 ** the skipped tile work saves, and the tuner keeps output-stationary.
+** The all-warps kernels' tile prologue (conv_tile.cuh: a warp's order and
+** map loads issued before the barrier that clears the offset masks, one pass
+** per warp for volume <= 32), main kernel, 2026-11-25, same run, two rounds
+** (us, before -> after): C = 32 fwd 54.5 / 54.2 -> 43.2 / 43.1, dgrad 52.1 /
+** 51.9 -> 42.8 / 42.7; C = 64 fwd 78.2 / 78.4 -> 67.2 / 66.6, dgrad 78.4 /
+** 78.1 -> 67.2 / 66.2.  A persistent grid that fetched the next tile's map
+** entries during the current tile lost to a block per tile (C = 32 fwd 62.8
+** against 52.4, C = 64 79.3 against 70.3): not kept.
 ** Split-K (dataflow 3), fwd op, 2026-11-24, one run (us, default -> S = 2 / 4 /
 ** 8): C = 256 at 0.8 m (10.6k rows, 83 tiles) 126.3 -> 96.1 / 108.6 / -;
 ** C = 128 at 0.4 m (27.9k rows, 218 tiles) 108.3 -> 109.3 / 126.8 / 180.2;

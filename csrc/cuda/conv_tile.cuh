@@ -78,7 +78,7 @@ static __device__ __forceinline__ void tsp_tile_origin(int n, int bm, int bn, in
 }
 
 /* Split-K (splits > 1): the launch is tiles * splits blocks and block b sums
-** run b % splits of tile b / splits (tsp_tile_offsets cuts the runs), so the
+** run b % splits of tile b / splits (tsp_tile_list cuts the runs), so the
 ** runs of one tile, which gather the same rows, run side by side. */
 static __device__ __forceinline__ void tsp_tile_origin_split(int n, int bm, int bn, int splits,
                                                              int64_t *row0, int *n0, int *split) {
@@ -115,10 +115,95 @@ template <int BAR, int NT> static __device__ __forceinline__ void tsp_tile_sync(
     asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");
 }
 
-/* tsp_tile_offsets by NT threads numbered tid = 0 .. NT - 1 that meet at barrier BAR.
+/* The pieces of tsp_tile_offsets_by, the tile's first phase.  A warp's pass
+** covers PASS_ROWS consecutive tile rows from `first`. */
+
+/* Lane j < PASS_ROWS: the map row of tile row first + j of the tile at row0
+** (order[row0 + first + j], or row0 + first + j without an order), -1 when
+** there is none (past tile_rows).  Not checked against rows yet
+** (tsp_tile_row_ok), so the caller decides when to wait for the load. */
+template <int BM, int PASS_ROWS>
+static __device__ __forceinline__ int32_t tsp_tile_row_of(const int32_t *__restrict__ order,
+                                                          int64_t tile_rows, int64_t row0, int first,
+                                                          int lane) {
+  const int64_t rows_here = tile_rows - row0 < BM ? tile_rows - row0 : BM;
+  if (lane >= PASS_ROWS || first + lane >= rows_here) return -1;
+  return order == nullptr ? (int32_t)(row0 + first + lane) : order[row0 + first + lane];
+}
+
+/* Order entries outside [0, rows) name no row. */
+static __device__ __forceinline__ int32_t tsp_tile_row_ok(int32_t r, int64_t rows) {
+  return r < 0 || (int64_t)r >= rows ? -1 : r;
+}
+
+/* Issue the loads of entries k0 + lane of the pass's rows (r: tsp_tile_row_of's
+** lane value, broadcast by shuffle): p[j] is entry k0 + lane of row j, -1 when
+** the row, the offset or the segment's `offsets` bit is absent.  The values are
+** not read here, so the loads stay in flight until tsp_tile_store_pass. */
+template <int PASS_ROWS>
+static __device__ __forceinline__ void tsp_tile_fetch_pass(const int32_t *__restrict__ map, int32_t r,
+                                                           int k0, int volume, uint64_t offsets, int lane,
+                                                           int32_t (&p)[PASS_ROWS]) {
+  const int k = k0 + lane;
+  const bool takes_part = k < volume && ((offsets >> (k & 63)) & 1u); /* volume <= 64 */
+#pragma unroll
+  for (int j = 0; j < PASS_ROWS; ++j) {
+    const int32_t rj = __shfl_sync(0xffffffffu, r, j);
+    p[j] = rj >= 0 && takes_part ? map[(int64_t)rj * volume + k] : -1;
+  }
+}
+
+/* Store a pass's fetched entries (entries outside [0, src_rows) become -1)
+** and set, for each offset, the bits of the 16-row groups g0, g0 + 1 that use it. */
+template <int PASS_ROWS>
+static __device__ __forceinline__ void tsp_tile_store_pass(int32_t (&p)[PASS_ROWS], int k0, int volume,
+                                                           int64_t src_rows, int first, int g0, int lane,
+                                                           const tsp_tile_smem &t) {
+  const int k = k0 + lane;
+  uint32_t bits = 0;
+#pragma unroll
+  for (int j = 0; j < PASS_ROWS; ++j) {
+    if (p[j] < 0 || (int64_t)p[j] >= src_rows) p[j] = -1;
+    if (k < volume) t.nb[(first + j) * volume + k] = p[j];
+    if (p[j] >= 0) bits |= 1u << (g0 + j / 16);
+  }
+  if (bits) atomicOr(&t.groups[k], bits);
+}
+
+/* After every pass stored and a barrier: warp 0 lists the offsets some row of
+** the tile uses, in increasing k (a warp ballot compacts); then a barrier.
 ** splits > 1 (split-K): list and count keep run `split` of `splits` equal runs
 ** of the used offsets, so the tiles' runs share the tile's work evenly; a run
 ** may be empty (it then sums nothing: zeros).  groups keeps every used offset. */
+template <int NT, int BAR>
+static __device__ __forceinline__ void tsp_tile_list(const tsp_tile_smem &t, int volume, int lane, int warp,
+                                                     int split, int splits) {
+  if (warp == 0) {
+    int count = 0;
+    for (int base = 0; base < volume; base += 32) {
+      const int k = base + lane;
+      const bool used = k < volume && t.groups[k] != 0;
+      const unsigned ballot = __ballot_sync(0xffffffffu, used);
+      if (used) t.list[count + __popc(ballot & ((1u << lane) - 1))] = k;
+      count += __popc(ballot);
+    }
+    if (splits > 1) { /* keep entries [lo, hi) of the list (volume <= 64: two per lane) */
+      const int lo = split * count / splits, hi = (split + 1) * count / splits;
+      __syncwarp();
+      const int k0 = lo + lane < hi ? t.list[lo + lane] : 0;
+      const int k1 = lo + lane + 32 < hi ? t.list[lo + lane + 32] : 0;
+      __syncwarp();
+      if (lo + lane < hi) t.list[lane] = k0;
+      if (lo + lane + 32 < hi) t.list[lane + 32] = k1;
+      count = hi - lo;
+    }
+    if (lane == 0) *t.count = count;
+  }
+  tsp_tile_sync<BAR, NT>();
+}
+
+/* tsp_tile_offsets by NT threads numbered tid = 0 .. NT - 1 that meet at barrier BAR
+** (split-K: see tsp_tile_list). */
 template <int BM, int NT, int BAR>
 static __device__ __forceinline__ void tsp_tile_offsets_by(
     const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
@@ -126,11 +211,37 @@ static __device__ __forceinline__ void tsp_tile_offsets_by(
     const tsp_tile_smem &t, const int tid, int split = 0, int splits = 1) {
   static_assert(BM % 16 == 0 && BM / 16 <= 32, "16-row groups; row-group masks are 32-bit");
   enum { G = BM / 16, WARPS = NT / 32, PASS_G = G >= 2 * WARPS ? 2 : 1, PASS_ROWS = 16 * PASS_G };
-  int32_t *s_nb = t.nb, *s_rows = t.rows, *s_list = t.list, *s_count = t.count;
-  uint32_t *s_groups = t.groups;
   const int lane = tid & 31, warp = tid >> 5;
+  if (BAR == 0 && volume <= 32 && G <= WARPS * PASS_G) {
+    /* A whole block, one pass per warp, one entry per lane (3x3x3, 2x2x2):
+    ** the pass's loads go out before the barrier that clears groups, and it
+    ** needs no loop over passes or 32-offset chunks.  Main kernel, H100, same
+    ** run, two rounds, against the loop below (us): C = 32 (mma.sync) fwd
+    ** 54.5 / 54.2 -> 43.2 / 43.1, dgrad 52.1 / 51.9 -> 42.8 / 42.7; C = 64
+    ** (wgmma tile 13) fwd 78.2 / 78.4 -> 67.2 / 66.6, dgrad 78.4 / 78.1 ->
+    ** 67.2 / 66.2 (2026-11-25).  The warp-specialized producers (BAR != 0)
+    ** keep the loop: this order made tile 15 slower, C = 128 fwd 147.8 /
+    ** 148.7 -> 160.1 / 158.2 in that run. */
+    const int g0 = warp * PASS_G, first = g0 * 16;
+    const int32_t r = tsp_tile_row_ok(tsp_tile_row_of<BM, PASS_ROWS>(order, tile_rows, row0, first, lane), rows);
+    int32_t p[PASS_ROWS];
+    tsp_tile_fetch_pass<PASS_ROWS>(map, r, 0, volume, offsets, lane, p);
+    for (int i = tid; i < volume; i += NT) t.groups[i] = 0;
+    tsp_tile_sync<BAR, NT>();
+    if (g0 < G) {
+      if (lane < PASS_ROWS) t.rows[first + lane] = r;
+      tsp_tile_store_pass<PASS_ROWS>(p, 0, volume, src_rows, first, g0, lane, t);
+    }
+    tsp_tile_sync<BAR, NT>();
+    tsp_tile_list<NT, BAR>(t, volume, lane, warp, split, splits);
+    return;
+  }
+  /* Any other shape or caller: pass by pass, 32 offsets at a time.  (The row
+  ** lookup is written out here, not through tsp_tile_row_of, so that tile
+  ** 15's producers compile to the same code as before the fast path above:
+  ** conv_wgmma_ws.cu's sm_90a cubin is byte-identical.) */
   const int64_t rows_here = tile_rows - row0 < BM ? tile_rows - row0 : BM;
-  for (int i = tid; i < volume; i += NT) s_groups[i] = 0;
+  for (int i = tid; i < volume; i += NT) t.groups[i] = 0;
   tsp_tile_sync<BAR, NT>();
   for (int g0 = warp * PASS_G; g0 < G; g0 += WARPS * PASS_G) {
     const int first = g0 * 16;
@@ -143,50 +254,15 @@ static __device__ __forceinline__ void tsp_tile_offsets_by(
         if (r < 0 || (int64_t)r >= rows) r = -1;
       }
     }
-    if (lane < PASS_ROWS) s_rows[first + lane] = r;
+    if (lane < PASS_ROWS) t.rows[first + lane] = r;
     for (int k0 = 0; k0 < volume; k0 += 32) {
-      const int k = k0 + lane;
-      const bool takes_part = k < volume && ((offsets >> (k & 63)) & 1u); /* volume <= 64 */
       int32_t p[PASS_ROWS];
-#pragma unroll
-      for (int j = 0; j < PASS_ROWS; ++j) {
-        const int32_t rj = __shfl_sync(0xffffffffu, r, j);
-        p[j] = rj >= 0 && takes_part ? map[(int64_t)rj * volume + k] : -1;
-      }
-      uint32_t bits = 0;
-#pragma unroll
-      for (int j = 0; j < PASS_ROWS; ++j) {
-        if (p[j] < 0 || (int64_t)p[j] >= src_rows) p[j] = -1;
-        if (k < volume) s_nb[(first + j) * volume + k] = p[j];
-        if (p[j] >= 0) bits |= 1u << (g0 + j / 16);
-      }
-      if (bits) atomicOr(&s_groups[k], bits);
+      tsp_tile_fetch_pass<PASS_ROWS>(map, r, k0, volume, offsets, lane, p);
+      tsp_tile_store_pass<PASS_ROWS>(p, k0, volume, src_rows, first, g0, lane, t);
     }
   }
   tsp_tile_sync<BAR, NT>();
-  /* Offsets some row of the tile uses, in increasing k (a warp ballot compacts). */
-  if (warp == 0) {
-    int count = 0;
-    for (int base = 0; base < volume; base += 32) {
-      const int k = base + lane;
-      const bool used = k < volume && s_groups[k] != 0;
-      const unsigned ballot = __ballot_sync(0xffffffffu, used);
-      if (used) s_list[count + __popc(ballot & ((1u << lane) - 1))] = k;
-      count += __popc(ballot);
-    }
-    if (splits > 1) { /* keep entries [lo, hi) of the list (volume <= 64: two per lane) */
-      const int lo = split * count / splits, hi = (split + 1) * count / splits;
-      __syncwarp();
-      const int k0 = lo + lane < hi ? s_list[lo + lane] : 0;
-      const int k1 = lo + lane + 32 < hi ? s_list[lo + lane + 32] : 0;
-      __syncwarp();
-      if (lo + lane < hi) s_list[lane] = k0;
-      if (lo + lane + 32 < hi) s_list[lane + 32] = k1;
-      count = hi - lo;
-    }
-    if (lane == 0) *s_count = count;
-  }
-  tsp_tile_sync<BAR, NT>();
+  tsp_tile_list<NT, BAR>(t, volume, lane, warp, split, splits);
 }
 
 /* The whole block builds its tile (the usual case). */
