@@ -118,22 +118,23 @@ template <int BAR, int NT> static __device__ __forceinline__ void tsp_tile_sync(
 /* The pieces of tsp_tile_offsets_by, the tile's first phase.  A warp's pass
 ** covers PASS_ROWS consecutive tile rows from `first`. */
 
-/* Lane j < PASS_ROWS: the map row of tile row first + j of the tile at row0
-** (order[row0 + first + j], or row0 + first + j without an order), -1 when
-** there is none (past tile_rows).  Not checked against rows yet
-** (tsp_tile_row_ok), so the caller decides when to wait for the load. */
-template <int BM, int PASS_ROWS>
-static __device__ __forceinline__ int32_t tsp_tile_row_of(const int32_t *__restrict__ order,
-                                                          int64_t tile_rows, int64_t row0, int first,
+/* Lane j < PASS_ROWS: the map row of tile row first + j (order[row0 + first +
+** j], or row0 + first + j without an order), -1 when there is none (a row
+** past the tile's rows_here, or an order entry outside [0, rows)). */
+template <int PASS_ROWS>
+static __device__ __forceinline__ int32_t tsp_tile_row_of(const int32_t *__restrict__ order, int64_t rows,
+                                                          int64_t rows_here, int64_t row0, int first,
                                                           int lane) {
-  const int64_t rows_here = tile_rows - row0 < BM ? tile_rows - row0 : BM;
-  if (lane >= PASS_ROWS || first + lane >= rows_here) return -1;
-  return order == nullptr ? (int32_t)(row0 + first + lane) : order[row0 + first + lane];
-}
-
-/* Order entries outside [0, rows) name no row. */
-static __device__ __forceinline__ int32_t tsp_tile_row_ok(int32_t r, int64_t rows) {
-  return r < 0 || (int64_t)r >= rows ? -1 : r;
+  int32_t r = -1;
+  if (lane < PASS_ROWS && first + lane < rows_here) {
+    if (order == nullptr) {
+      r = (int32_t)(row0 + first + lane);
+    } else {
+      r = order[row0 + first + lane];
+      if (r < 0 || (int64_t)r >= rows) r = -1;
+    }
+  }
+  return r;
 }
 
 /* Issue the loads of entries k0 + lane of the pass's rows (r: tsp_tile_row_of's
@@ -212,6 +213,7 @@ static __device__ __forceinline__ void tsp_tile_offsets_by(
   static_assert(BM % 16 == 0 && BM / 16 <= 32, "16-row groups; row-group masks are 32-bit");
   enum { G = BM / 16, WARPS = NT / 32, PASS_G = G >= 2 * WARPS ? 2 : 1, PASS_ROWS = 16 * PASS_G };
   const int lane = tid & 31, warp = tid >> 5;
+  const int64_t rows_here = tile_rows - row0 < BM ? tile_rows - row0 : BM;
   if (BAR == 0 && volume <= 32 && G <= WARPS * PASS_G) {
     /* A whole block, one pass per warp, one entry per lane (3x3x3, 2x2x2):
     ** the pass's loads go out before the barrier that clears groups, and it
@@ -223,7 +225,7 @@ static __device__ __forceinline__ void tsp_tile_offsets_by(
     ** keep the loop: this order made tile 15 slower, C = 128 fwd 147.8 /
     ** 148.7 -> 160.1 / 158.2 in that run. */
     const int g0 = warp * PASS_G, first = g0 * 16;
-    const int32_t r = tsp_tile_row_ok(tsp_tile_row_of<BM, PASS_ROWS>(order, tile_rows, row0, first, lane), rows);
+    const int32_t r = tsp_tile_row_of<PASS_ROWS>(order, rows, rows_here, row0, first, lane);
     int32_t p[PASS_ROWS];
     tsp_tile_fetch_pass<PASS_ROWS>(map, r, 0, volume, offsets, lane, p);
     for (int i = tid; i < volume; i += NT) t.groups[i] = 0;
@@ -236,24 +238,12 @@ static __device__ __forceinline__ void tsp_tile_offsets_by(
     tsp_tile_list<NT, BAR>(t, volume, lane, warp, split, splits);
     return;
   }
-  /* Any other shape or caller: pass by pass, 32 offsets at a time.  (The row
-  ** lookup is written out here, not through tsp_tile_row_of, so that tile
-  ** 15's producers compile to the same code as before the fast path above:
-  ** conv_wgmma_ws.cu's sm_90a cubin is byte-identical.) */
-  const int64_t rows_here = tile_rows - row0 < BM ? tile_rows - row0 : BM;
+  /* Any other shape or caller: pass by pass, 32 offsets at a time. */
   for (int i = tid; i < volume; i += NT) t.groups[i] = 0;
   tsp_tile_sync<BAR, NT>();
   for (int g0 = warp * PASS_G; g0 < G; g0 += WARPS * PASS_G) {
     const int first = g0 * 16;
-    int32_t r = -1; /* lane j < PASS_ROWS: the map row of tile row first + j */
-    if (lane < PASS_ROWS && first + lane < rows_here) {
-      if (order == nullptr) {
-        r = (int32_t)(row0 + first + lane);
-      } else {
-        r = order[row0 + first + lane];
-        if (r < 0 || (int64_t)r >= rows) r = -1;
-      }
-    }
+    const int32_t r = tsp_tile_row_of<PASS_ROWS>(order, rows, rows_here, row0, first, lane);
     if (lane < PASS_ROWS) t.rows[first + lane] = r;
     for (int k0 = 0; k0 < volume; k0 += 32) {
       int32_t p[PASS_ROWS];
