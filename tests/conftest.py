@@ -29,6 +29,14 @@ BUNDLED_LIDAR = os.path.join(REPO, "torchsp", "data", "lidar_198k.npz")
 os.environ.setdefault("TORCHSP_CACHE_DIR", tempfile.mkdtemp(prefix="torchsp-test-cache-"))
 
 CUDA = torch.cuda.is_available()
+
+# Under pytest-xdist each worker would start torch's whole CPU thread pool for the dense float64
+# references: 14 workers x 16 threads on the 16-core GPU host (2026-11-25: 38 of the 695 CUDA
+# cases of four files in 570 s).  Each worker takes its share of the cores instead (all 695 in
+# 41 s on the same host).
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _XDIST_WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _XDIST_WORKERS))
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs CUDA"))]
 
 

@@ -4,9 +4,11 @@
 Why: bench.py times each op call with CUDA events, which on a slow host measures the host's
 launch time as much as the GPU's.  This lists what the GPU itself runs per call: each kernel's
 mean duration and the call's sum, beside the event time, so a number of the benchmark table
-splits into main kernel, weight preparation, reductions and host time.
+splits into main kernel, weight preparation, reductions and host time.  "host" is the host's
+time per call (calls issued back to back, timed before the synchronize); --fb adds bench.py's
+forward+backward training call.
 
-    python tools/kernel_times.py --layers subm3_c64 subm3_c256 --algo 0,0,0,0
+    python tools/kernel_times.py --layers subm3_c64 subm3_c256 --algo 0,0,0,0 [--fb]
 """
 
 import argparse
@@ -20,11 +22,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 
 
+def host_us(fn, calls):
+    """Host time per call: `calls` calls back to back, timed before the closing synchronize.
+    Launches return before their kernels run, so unless the call synchronizes this is the time
+    the host spends per call; an event time close to it means the call is host-bound."""
+    import time
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / calls * 1e6
+
+
 def profile_call(fn, calls):
-    """({kernel name: mean device us per call}, event us per call median) over `calls` calls.
-    The events are timed first: after a profiler session every launch may carry its tracing."""
+    """({kernel name: mean device us per call}, event us per call median, host us per call) over
+    `calls` calls.  The events are timed first: after a profiler session every launch may carry
+    its tracing."""
     from torch.profiler import ProfilerActivity, profile
     event_us = bench.timeit(fn, 50, 5, torch.device("cuda"))
+    host = min(host_us(fn, calls) for _ in range(3))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
@@ -33,7 +51,7 @@ def profile_call(fn, calls):
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per[e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    return {k: v / calls for k, v in per.items()}, event_us
+    return {k: v / calls for k, v in per.items()}, event_us, host
 
 
 def short(name, width=70):
@@ -48,6 +66,9 @@ def main():
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--data", default=None)
+    ap.add_argument("--fb", action="store_true",
+                    help="also a forward+backward training call as bench.py times it (its kernels: "
+                         "the three ops, gradient accumulation, anything else the call launches)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("kernel_times: needs a CUDA device")
@@ -72,18 +93,24 @@ def main():
             "dgrad": lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, algo, order_t, segs_t),
             "wgrad": lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, algo, pairs, starts),
         }
+        if args.fb:  # bench.py's fwd+bwd: y = sparse_conv3d(...); y.feats.backward(dy), grads accumulate
+            import torchsp
+            xf = x.feats.detach().clone().requires_grad_(True)
+            wg = w.detach().clone().requires_grad_(True)
+            calls["fb"] = lambda: torchsp.functional.sparse_conv3d(
+                x.replace(xf), wg, K, algo=algo, **kw).feats.backward(dy)
         print(f"\n## {name}: N_out {sz['n_out']}, pairs {sz['pairs']}, algo {algo}")
-        with torch.no_grad():
-            for pass_name, fn in calls.items():
-                per, event_us = profile_call(fn, args.calls)
+        for pass_name, fn in calls.items():
+            with torch.set_grad_enabled(pass_name == "fb"):
+                per, event_us, host = profile_call(fn, args.calls)
                 total = sum(per.values())
-                print(f"{pass_name:6s} event {event_us:8.1f} us, kernels {total:8.1f} us")
+                print(f"{pass_name:6s} event {event_us:8.1f} us, kernels {total:8.1f} us, host {host:8.1f} us")
                 for k, v in sorted(per.items(), key=lambda kv: -kv[1]):
                     print(f"    {v:8.1f}  {short(k)}")
-                summary.append((name, pass_name, event_us, total, max(per.values()) if per else 0.0))
-    print("\n# layer       pass   event us  kernels us  largest kernel us")
-    for name, p, ev, tot, big in summary:
-        print(f"{name:12s} {p:6s} {ev:9.1f} {tot:11.1f} {big:18.1f}")
+                summary.append((name, pass_name, event_us, total, max(per.values()) if per else 0.0, host))
+    print("\n# layer       pass   event us  kernels us  largest kernel us   host us")
+    for name, p, ev, tot, big, host in summary:
+        print(f"{name:12s} {p:6s} {ev:9.1f} {tot:11.1f} {big:18.1f} {host:9.1f}")
 
 
 if __name__ == "__main__":

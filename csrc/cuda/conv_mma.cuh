@@ -59,6 +59,20 @@ static __device__ __forceinline__ void tsp_cp_async16(void *dst, const void *src
 #endif
 }
 
+/* 16-byte cp.async to shared address dst reading `bytes` (16 or 0) of src and
+** zero-filling the rest: a zero-size copy reads nothing but still lands, so a
+** stage's copies need no branch (src must still be a valid global address). */
+static __device__ __forceinline__ void tsp_cp_async16_bytes(uint32_t dst, const void *src,
+                                                            uint32_t bytes) {
+#ifndef TSP_MMA_UNAVAILABLE
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+#else
+  (void)dst, (void)src, (void)bytes;
+  __trap();
+#endif
+}
+
 static __device__ __forceinline__ void tsp_cp_async_commit() {
 #ifndef TSP_MMA_UNAVAILABLE
   asm volatile("cp.async.commit_group;\n" ::: "memory");

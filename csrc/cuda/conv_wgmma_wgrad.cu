@@ -26,6 +26,12 @@
 ** the kernel map (built once for all its layers, tsp_conv_problem.pairs)
 ** wgrad took 62 / 135 / 321 us at C = 64 / 128 / 256 (tools/bench.py, one
 ** run, 2026-11-23; 107 / 170 / 354 building it per call in an earlier run).
+** Straight-line slab copies (ww_load, 2026-11-25; main kernel, tools/
+** kernel_times.py, H100, same run against 7bf7775, two rounds): C = 64
+** 49.3 / 48.4 -> 40.6 / 40.8 us, C = 128 123.1 / 123.7 -> 106.1 / 105.5, C =
+** 256 312.5 / 315.3 -> 269.0 / 268.8.  Not kept: the pair list filled in two
+** passes with all of a thread's loads in flight (tsp_wgrad_fill), 3-5 us
+** slower at each size in a later run whose 7bf7775 matched this one's.
 **
 ** The reduction runs over pairs and a gathered row holds its channels
 ** contiguously, so both operands are MN-major in shared memory (wgmma
@@ -125,19 +131,34 @@ static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
 /* Copies rows [slab * BK, slab * BK + BK) of the pair list (`rows`: s_p or
 ** s_q) of src [., ld] channels [c0, c0 + W) into dst in the layout of the
 ** file header; rows past `count`, row indices -1 and channels past `ld` are
-** zero. */
+** zero.  A thread copies one 16-byte chunk c of PER consecutive rows: their
+** indices come in PER / 4 vector loads and every copy is a cp.async of 16 or
+** 0 bytes, with no branch.  (With a 4-byte shared load and a branch per
+** copy, the copies drew ~80% of the C = 256 pieces kernel's warp samples,
+** stalled mostly on those loads: Nsight Compute's source view, bc2e51c.) */
 template <typename T, int W, int NT>
 static __device__ __forceinline__ void ww_load(T *dst, const T *__restrict__ src, int ld, int c0,
                                                const int32_t *rows, int slab, int count) {
   enum { CHUNKS = W / 8, PER = WW_BK * CHUNKS / NT };
-  static_assert(PER * NT == WW_BK * CHUNKS, "whole copies per thread");
+  static_assert(PER * NT == WW_BK * CHUNKS && NT % CHUNKS == 0, "whole rows per thread");
+  static_assert(PER == 4 || PER % 8 == 0, "vector loads; the swizzle of r0 + it below");
+  const int c = threadIdx.x % CHUNKS, r0 = threadIdx.x / CHUNKS * PER, ch = c0 + c * 8;
+  const int j0 = slab * WW_BK + r0; /* rows are 16-byte aligned and the list a multiple of BK */
+  int32_t q[PER];
+#pragma unroll
+  for (int v = 0; v < PER / 4; ++v) {
+    const int4 e = *(const int4 *)(rows + j0 + 4 * v);
+    q[4 * v] = e.x, q[4 * v + 1] = e.y, q[4 * v + 2] = e.z, q[4 * v + 3] = e.w;
+  }
+  /* r0 % 8 == 0, or r0 % 4 == 0 with PER == 4: (c ^ (r0 + it)) & 7 == (sw ^ it) & 7 */
+  const int sw = (c ^ r0) & 7;
+  const uint32_t d0 = tsp_smem_addr(dst + (c >> 3) * (WW_BK * 64) + r0 * 64);
+  const bool c_ok = ch < ld;
 #pragma unroll
   for (int it = 0; it < PER; ++it) {
-    const int i = threadIdx.x + it * NT;
-    const int r = i / CHUNKS, c = i % CHUNKS, j = slab * WW_BK + r, ch = c0 + c * 8;
-    const bool valid = j < count && ch < ld && rows[j] >= 0;
-    T *d = dst + (c >> 3) * (WW_BK * 64) + r * 64 + ((c ^ r) & 7) * 8;
-    tsp_cp_async16(d, valid ? src + (int64_t)rows[j] * ld + ch : src, valid);
+    const bool valid = c_ok && j0 + it < count && q[it] >= 0;
+    tsp_cp_async16_bytes(d0 + (it * 64 + ((sw ^ it) & 7) * 8) * (int)sizeof(T),
+                         src + (valid ? (int64_t)q[it] * ld + ch : 0), valid ? 16u : 0u);
   }
 }
 

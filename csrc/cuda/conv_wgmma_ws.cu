@@ -124,17 +124,6 @@ static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uin
 #endif
 }
 
-/* 16-byte cp.async to shared address dst reading `bytes` (16 or 0) of src and
-** zero-filling the rest: a zero-size copy reads nothing but still lands. */
-static __device__ __forceinline__ void cp_async16_bytes(uint32_t dst, const void *src, uint32_t bytes) {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
-               : "memory");
-#else
-  (void)dst, (void)src, (void)bytes;
-#endif
-}
-
 /* ------------------------------------------------------------ kernel --- */
 
 enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256, WS_STAGES = 4, WS_TILE_BAR = 1 };
@@ -259,7 +248,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 #pragma unroll
         for (int it = 0; it < CPT; ++it)
           if ((blocks >> (RSTEP * it / 64)) & 1u) /* rows of an unused block are not copied */
-            cp_async16_bytes(a_dst + RSTEP * it * 64 * 2, from[it] + c0, have[it] & bytes);
+            tsp_cp_async16_bytes(a_dst + RSTEP * it * 64 * 2, from[it] + c0, have[it] & bytes);
         mb_arrive_cp_async(&full[s]);
         if (++ch == chunks) ch = 0, ++li;
       }
