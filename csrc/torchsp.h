@@ -115,7 +115,7 @@ enum { TSP_SPLIT_K_MAX = 16 };
 ** 128-byte swizzled operands, 14-15 warp-specialized: producer warps copy,
 ** consumer warpgroups multiply); any other value reads as 3.  wgrad's tile on
 ** fp16/bf16: 0 the default (the wgmma wgrad of cuda/conv_wgmma_wgrad.cu over
-** pair pieces, whatever the dataflow, when both channel counts are >= 64 on
+** pair pieces, whatever the dataflow, when both channel counts are >= 32 on
 ** sm_90a builds on sm_90 devices, else mma.sync: cuda/conv.cu resolve_wgrad); 12, 13, 15 its 128 x 128,
 ** 64 x 64 and 128 x 256 tiles (c_in x c_out); any other value mma.sync
 ** (cuda/conv_wgrad.cu).  wgrad's dataflow on the wgmma tiles: 0 splits the

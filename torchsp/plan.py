@@ -101,7 +101,7 @@ def wgrad_pairs(kmap, algo, dtype, c_in, c_out):
     """(pairs, starts) for torch.ops.torchsp.conv_wgrad, or (None, None).
 
     The CUDA wgrad over pair pieces (csrc/cuda/conv_wgmma_wgrad.cu; what algo tile 0 runs for
-    fp16/bf16 with both channel counts >= 64 on an sm_90a build and an sm_90 device, or
+    fp16/bf16 with both channel counts >= 32 on an sm_90a build and an sm_90 device, or
     dataflow 1 with tile 12, 13 or 15) walks nbmap's pair list.  Passed in, it is built once
     per map (kernel_map_pairs, cached on kmap) instead of on every call (two passes over the
     map and a scan: ~27-38 us on an H100 at 126-173k rows).  (None, None) wherever that kernel
@@ -111,7 +111,7 @@ def wgrad_pairs(kmap, algo, dtype, c_in, c_out):
     if (not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or c_in % 8 or c_out % 8
             or nb.shape[0] == 0 or tracing() or not wgmma_available(nb.device)):
         return None, None
-    pieces = (algo[1] == 0 and c_in >= 64 and c_out >= 64) or (algo[0] == 1 and algo[1] in (12, 13, 15))
+    pieces = (algo[1] == 0 and c_in >= 32 and c_out >= 32) or (algo[0] == 1 and algo[1] in (12, 13, 15))
     if not pieces:
         return None, None
     pairs, starts, _ = _pair_list(kmap, "fwd")

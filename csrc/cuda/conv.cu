@@ -11,7 +11,7 @@
 **   - fp16 / bf16, both channel counts multiples of 8, 16-byte aligned
 **     operands, V <= 64, compute capability >= 8.0: tensor cores
 **     (conv_implicit_gemm.cu for forward and dgrad, conv_wgrad.cu for wgrad;
-**     wgrad tiles 12, 13, 15 and tile 0 at C >= 64 run conv_wgmma_wgrad.cu
+**     wgrad tiles 12, 13, 15 and tile 0 at C >= 32 run conv_wgmma_wgrad.cu
 **     on sm_90a builds, resolve_wgrad);
 **     algo.tile 6-10 and 12-13 ask for the wgmma kernels of conv_wgmma.cu,
 **     14-15 the warp-specialized ones of conv_wgmma_ws.cu (15 is tile 0's
@@ -133,17 +133,19 @@ static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int tile) {
   return n > 64 ? 15 : 13;
 }
 
-/* wgrad's algo.tile 0 on fp16/bf16 with both channel counts >= 64 (sm_90a
+/* wgrad's algo.tile 0 on fp16/bf16 with both channel counts >= 32 (sm_90a
 ** build, sm_90 device): the wgmma kernel of conv_wgmma_wgrad.cu, 128 x 256
 ** tiles for c_out > 128, 128 x 128 above 64 channels, else 64 x 64, over pair
 ** pieces (dataflow 1); other tiles 12, 13 and 15 ask for those shapes in the
 ** algo's own dataflow, any other value for mma.sync (conv_wgrad.cu).  H100,
 ** lidar_198k, fp16, one run (us, row chunks -> pair pieces): C = 64 tile 13
 ** 140 -> 106, C = 128 tile 12 231 -> 169, C = 256 tile 15 610 -> 355; at
-** C = 32 mma.sync (90) stays ahead of tile 13's pieces (103). */
+** C = 32 mma.sync (90) stayed ahead of tile 13's pieces (103) until the
+** pieces' copies went straight-line (2026-11-25, same build, two rounds,
+** kernels: mma.sync 86.4 / 85.8 us, tile 13 pieces 41.0 / 41.7). */
 static tsp_conv_problem resolve_wgrad(const tsp_conv_problem *p) {
   tsp_conv_problem r = *p;
-  if (p->algo.tile != 0 || !fast_dtype(p->dtype) || p->c_in < 64 || p->c_out < 64 ||
+  if (p->algo.tile != 0 || !fast_dtype(p->dtype) || p->c_in < 32 || p->c_out < 32 ||
       !tsp_conv_wgmma_available())
     return r;
   r.algo.tile = p->c_out > 128 ? 15 : p->c_in > 64 || p->c_out > 64 ? 12 : 13;

@@ -20,7 +20,7 @@
 ** conflict free keep those loads conflict free too (rows t of a fragment
 ** start t * 8 words apart mod 32, lanes g add 0..7).
 **
-** On sm_90a builds fp16/bf16 wgrad with both channel counts >= 64 runs
+** On sm_90a builds fp16/bf16 wgrad with both channel counts >= 32 runs
 ** conv_wgmma_wgrad.cu instead (same chunks, pair lists and partials); this
 ** kernel stays for smaller channel counts, tf32 and other GPUs.
 **
