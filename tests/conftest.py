@@ -33,7 +33,7 @@ CUDA = torch.cuda.is_available()
 # Under pytest-xdist each worker would start torch's whole CPU thread pool for the dense float64
 # references: 14 workers x 16 threads on the 16-core GPU host (2026-11-25: 38 of the 695 CUDA
 # cases of four files in 570 s).  Each worker takes its share of the cores instead (all 695 in
-# 41 s on the same host).
+# 41 s on another machine of the same kind, later that day).
 _XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
 if _XDIST_WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _XDIST_WORKERS))
