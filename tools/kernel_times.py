@@ -14,6 +14,7 @@ forward+backward training call.
 import argparse
 import os
 import sys
+import time
 from collections import defaultdict
 
 import torch
@@ -26,7 +27,6 @@ def host_us(fn, calls):
     """Host time per call: `calls` calls back to back, timed before the closing synchronize.
     Launches return before their kernels run, so unless the call synchronizes this is the time
     the host spends per call; an event time close to it means the call is host-bound."""
-    import time
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(calls):
@@ -74,6 +74,7 @@ def main():
         sys.exit("kernel_times: needs a CUDA device")
     args.data = bench.find_data(args.data)
     args.voxel_scale = 1.0
+    import torchsp
     from torchsp.kmap import ConvGeometry
     from torchsp.plan import pass_plan, wgrad_pairs
     device, dtype = torch.device("cuda"), bench.DTYPES[args.dtype]
@@ -94,7 +95,6 @@ def main():
             "wgrad": lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, algo, pairs, starts),
         }
         if args.fb:  # bench.py's fwd+bwd: y = sparse_conv3d(...); y.feats.backward(dy), grads accumulate
-            import torchsp
             xf = x.feats.detach().clone().requires_grad_(True)
             wg = w.detach().clone().requires_grad_(True)
             calls["fb"] = lambda: torchsp.functional.sparse_conv3d(

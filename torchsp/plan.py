@@ -46,6 +46,10 @@ MAX_VOLUME = 63
 
 # algo.tile of the tf32 tensor-core kernels for float32 (TSP_TILE_TF32, csrc/torchsp.h).
 TF32_TILE = 11
+# Both channel counts from which wgrad's tile 0 runs the pair-piece kernel: Python's copy of
+# csrc/cuda/conv.cu resolve_wgrad's limit (the two must agree, or a pair list is built for
+# nothing or missed).
+WGRAD_PIECES_MIN_C = 32
 
 
 def _bits(ks):
@@ -111,7 +115,8 @@ def wgrad_pairs(kmap, algo, dtype, c_in, c_out):
     if (not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or c_in % 8 or c_out % 8
             or nb.shape[0] == 0 or tracing() or not wgmma_available(nb.device)):
         return None, None
-    pieces = (algo[1] == 0 and c_in >= 32 and c_out >= 32) or (algo[0] == 1 and algo[1] in (12, 13, 15))
+    pieces = ((algo[1] == 0 and min(c_in, c_out) >= WGRAD_PIECES_MIN_C)
+              or (algo[0] == 1 and algo[1] in (12, 13, 15)))
     if not pieces:
         return None, None
     pairs, starts, _ = _pair_list(kmap, "fwd")

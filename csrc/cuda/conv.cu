@@ -134,10 +134,11 @@ static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int tile) {
 }
 
 /* wgrad's algo.tile 0 on fp16/bf16 with both channel counts >= 32 (sm_90a
-** build, sm_90 device): the wgmma kernel of conv_wgmma_wgrad.cu, 128 x 256
-** tiles for c_out > 128, 128 x 128 above 64 channels, else 64 x 64, over pair
-** pieces (dataflow 1); other tiles 12, 13 and 15 ask for those shapes in the
-** algo's own dataflow, any other value for mma.sync (conv_wgrad.cu).  H100,
+** build, sm_90 device; torchsp/plan.py WGRAD_PIECES_MIN_C mirrors the 32):
+** the wgmma kernel of conv_wgmma_wgrad.cu, 128 x 256 tiles for c_out > 128,
+** 128 x 128 above 64 channels, else 64 x 64, over pair pieces (dataflow 1);
+** other tiles 12, 13 and 15 ask for those shapes in the algo's own dataflow,
+** any other value for mma.sync (conv_wgrad.cu).  H100,
 ** lidar_198k, fp16, one run (us, row chunks -> pair pieces): C = 64 tile 13
 ** 140 -> 106, C = 128 tile 12 231 -> 169, C = 256 tile 15 610 -> 355; at
 ** C = 32 mma.sync (90) stayed ahead of tile 13's pieces (103) until the
