@@ -30,6 +30,16 @@ at::Tensor workspace(size_t bytes, const at::Tensor &like) {
   return at::empty({static_cast<int64_t>(bytes > 0 ? bytes : 1)}, like.options().dtype(at::kByte));
 }
 
+/* A convolution pass's workspace: none at all when it needs none (most fp16
+** forward and dgrad plans), so the pass makes no allocator call for it; the
+** kernels take NULL with 0 bytes. */
+at::Tensor conv_workspace(size_t bytes, const at::Tensor &like) {
+  return bytes > 0 ? workspace(bytes, like) : at::Tensor();
+}
+
+void *data_or_null(const at::Tensor &t) { return t.defined() ? t.data_ptr() : nullptr; }
+size_t bytes_of(const at::Tensor &t) { return t.defined() ? static_cast<size_t>(t.numel()) : 0; }
+
 at::Tensor out_coords_cuda(const at::Tensor &coords_in, c10::IntArrayRef kernel,
                            c10::IntArrayRef dilation, c10::IntArrayRef padding,
                            c10::IntArrayRef step, int64_t sign, c10::IntArrayRef lattice,
@@ -146,9 +156,9 @@ at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::T
   at::Tensor y = at::empty({p.n_out, p.c_out}, x.options());
   if (p.n_out == 0 || p.c_out == 0) return y;
   if (p.n_in == 0 || p.c_in == 0 || p.volume == 0) return y.zero_();
-  at::Tensor ws = workspace(tsp_conv_cuda_workspace(&p), x);
+  at::Tensor ws = conv_workspace(tsp_conv_cuda_workspace(&p), x);
   check_status(tsp_conv_fwd_cuda(&p, x.data_ptr(), w.data_ptr(), nbmap.data_ptr<int32_t>(),
-                                 y.data_ptr(), ws.data_ptr(), static_cast<size_t>(ws.numel()),
+                                 y.data_ptr(), data_or_null(ws), bytes_of(ws),
                                  current_stream()),
                op);
   return y;
@@ -171,9 +181,9 @@ at::Tensor conv_dgrad_cuda(const at::Tensor &dy_, const at::Tensor &w_,
   at::Tensor dx = at::empty({p.n_in, p.c_in}, dy.options());
   if (p.n_in == 0 || p.c_in == 0) return dx;
   if (p.n_out == 0 || p.c_out == 0 || p.volume == 0) return dx.zero_();
-  at::Tensor ws = workspace(tsp_conv_cuda_workspace(&p), dy);
+  at::Tensor ws = conv_workspace(tsp_conv_cuda_workspace(&p), dy);
   check_status(tsp_conv_dgrad_cuda(&p, dy.data_ptr(), w.data_ptr(), nbmap_t.data_ptr<int32_t>(),
-                                   dx.data_ptr(), ws.data_ptr(), static_cast<size_t>(ws.numel()),
+                                   dx.data_ptr(), data_or_null(ws), bytes_of(ws),
                                    current_stream()),
                op);
   return dx;
@@ -198,9 +208,9 @@ at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at
   at::Tensor dw = at::empty({p.volume, p.c_in, p.c_out}, x.options());
   if (dw.numel() == 0) return dw;
   if (p.n_out == 0 || p.n_in == 0) return dw.zero_();
-  at::Tensor ws = workspace(tsp_conv_cuda_wgrad_workspace(&p), x);
+  at::Tensor ws = conv_workspace(tsp_conv_cuda_wgrad_workspace(&p), x);
   check_status(tsp_conv_wgrad_cuda(&p, x.data_ptr(), dy.data_ptr(), nbmap.data_ptr<int32_t>(),
-                                   dw.data_ptr(), ws.data_ptr(), static_cast<size_t>(ws.numel()),
+                                   dw.data_ptr(), data_or_null(ws), bytes_of(ws),
                                    current_stream()),
                op);
   return dw;

@@ -267,7 +267,8 @@ tsp_status tsp_conv_wgrad_cpu(const tsp_conv_problem *prob, const void *x, const
 /* ----------------------------------------------------------------- CUDA --- */
 /* Each CUDA entry point enqueues work on `stream` and does not synchronise.
 ** Workspace is device memory of at least the bytes its _workspace function
-** returns, allocated by the shim (PyTorch's caching allocator).  Device-side
+** returns, allocated by the shim (PyTorch's caching allocator); where that is
+** 0 the convolution passes take NULL.  Device-side
 ** failures that need reporting (range errors) are written to a device int32
 ** `status` the shim reads back only where it must synchronise anyway. */
 

@@ -299,6 +299,44 @@ def test_geometry_memo_keeps_argument_checks():
         conv_geometry(3, stride=0)
 
 
+MEMO_CASES = ["sub_k3", "sub_k1", "sub_k2", "sub_k3_d2", "sub_k3_p0", "sub_k311", "str_k3_s2", "str_k3_s212",
+              "floor_k3_s2", "gen_k3", "gen_k311"]
+
+
+def test_call_memo_many_geometries_on_one_input(device):
+    """sparse_conv3d's call memo (SparseCache.calls) keys geometry, map and output coordinates by
+    the call's arguments: one input convolved with eleven geometries, in two rounds, each result
+    against the dense reference (a memo keyed too coarsely returns another geometry's map)."""
+    dtype = native_dtype(device)
+    x, _ = build(BY_NAME["sub_k3"], cin=3, device=device, dtype=dtype, seed=31)
+    for rnd in range(2):
+        for name in MEMO_CASES:
+            case = BY_NAME[name]
+            w = randn(case.volume(), 3, 2, seed=32 + rnd, dtype=dtype, device=device, scale=(case.volume() * 3) ** -0.5)
+            y = F.sparse_conv3d(x, w, **case.conv_kwargs())
+            want_coords = expected_coords(case, x.coords)
+            assert torch.equal(y.coords.cpu(), want_coords), f"round {rnd}, {name}: output coordinates"
+            want = reference(case, x.feats, x.coords, w, want_coords)
+            assert rel_err(y.feats, want) <= TOL[(device, dtype)], f"round {rnd}, {name}"
+    assert len(x.cache.calls) == len(MEMO_CASES)
+
+
+def test_call_memo_keeps_argument_checks(device):
+    """After a kernel_size=1 call is memoised, kernel_size=True (== 1 in Python) is still an
+    error, and a changed weight shape still gets its message."""
+    dtype = native_dtype(device)
+    x, _ = build(BY_NAME["sub_k3"], cin=3, device=device, dtype=dtype, seed=33)
+    w1 = randn(1, 3, 2, seed=34, dtype=dtype, device=device)
+    F.sparse_conv3d(x, w1, 1)
+    F.sparse_conv3d(x, w1, [1, 1, 1])  # unhashable arguments: no memo, same conv
+    with pytest.raises(TypeError, match="kernel_size"):
+        F.sparse_conv3d(x, w1, True)
+    with pytest.raises(ValueError, match="offsets"):
+        F.sparse_conv3d(x, randn(27, 3, 2, seed=35, dtype=dtype, device=device), 1)
+    with pytest.raises(ValueError, match="channels"):
+        F.sparse_conv3d(x, randn(1, 4, 2, seed=36, dtype=dtype, device=device), 1)
+
+
 @pytest.mark.skipif(not CUDA, reason="row orders are built on CUDA only")
 def test_gradless_forward_sorts_no_dgrad_order():
     """A forward without gradients sorts the map's forward rows only; the first training call

@@ -10,7 +10,6 @@ import torch
 
 from ._autograd import EagerConv, below_autograd, eager_ok, plain_operands
 from ._tracing import tracing
-from .geometry import volume
 from .kmap import ConvGeometry, conv_geometry, get_kernel_map
 from .plan import pass_plan
 from .tensor import SparseTensor
@@ -46,13 +45,17 @@ def _autocast_dtype(device_type):
     return torch.get_autocast_gpu_dtype() if device_type == "cuda" else torch.get_autocast_cpu_dtype()
 
 
-def _resolve_algo(algo, default=DEFAULT_ALGO):
-    """(fwd, dgrad, wgrad) 4-lists from None (`default` for every pass), one 4-sequence for all
-    passes, or three of them."""
+def _resolve_algo(algo, feats=None):
+    """(fwd, dgrad, wgrad) 4-lists from None (tune.default_algo(feats) for every pass, or
+    DEFAULT_ALGO without feats), one 4-sequence for all passes, or three of them.  The three
+    may be one list: no caller mutates them."""
     if algo is None:
-        return list(default), list(default), list(default)
-    if len(algo) == 4 and all(isinstance(v, int) for v in algo):
-        return list(algo), list(algo), list(algo)
+        a = default_algo(feats) if feats is not None else list(DEFAULT_ALGO)
+        return a, a, a
+    if len(algo) == 4 and isinstance(algo[0], int) and isinstance(algo[1], int) and isinstance(algo[2], int) \
+            and isinstance(algo[3], int):  # spelled out: a generator costs ~0.3 us a call
+        a = list(algo)
+        return a, a, a
     if len(algo) != 3:
         raise ValueError(f"algo must be None, [dataflow, tile, split, threshold] or three of those, got {algo!r}")
     return tuple(list(a) for a in algo)
@@ -86,21 +89,34 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     # Eager calls take memos and shortcuts (a few us each, H100 layers of 30-60 us): traced
     # calls keep the plain, traceable path.
     traced = tracing()
-    geom = (ConvGeometry if traced else conv_geometry)(kernel_size, stride, dilation, padding, transposed,
-                                                       generative, rule)
+    hit = call_key = None
+    if traced:
+        geom = ConvGeometry(kernel_size, stride, dilation, padding, transposed, generative, rule)
+    else:
+        # The call memo: geometry, map and output coordinates of this call on this coordinate
+        # set: one lookup instead of conv_geometry and get_kernel_map (~2 us of an H100 host's
+        # time a call, of the ~7 us the eager trims of 2026-11-25 took off).
+        # Types are keyed because True == 1 (kernel_size=True is an error, not 1).
+        call_key = (input.coord_key, input.stride, kernel_size, type(kernel_size), stride, type(stride),
+                    dilation, type(dilation), padding, type(padding), transposed, generative, rule)
+        try:
+            hit = input.cache.calls.get(call_key)
+        except TypeError:  # unhashable arguments (lists): no memo
+            call_key = None
+        geom = hit[0] if hit is not None else conv_geometry(kernel_size, stride, dilation, padding, transposed,
+                                                            generative, rule)
     feats = input.feats
     # Under torch.autocast a sparse conv runs in the autocast dtype, as F.conv3d does.
-    amp = _autocast_dtype(feats.device.type)
+    amp = _autocast_dtype("cuda" if feats.is_cuda else feats.device.type)
     if amp is not None and feats.dtype in _FLOATS and isinstance(weight, torch.Tensor) and weight.dtype in _FLOATS:
         feats, weight = feats.to(amp), weight.to(amp)
         bias = bias.to(amp) if bias is not None else None
-    v = volume(geom.kernel_size)
     if not isinstance(weight, torch.Tensor) or weight.dim() != 3:
         raise ValueError(f"sparse_conv3d: weight must be a [V, Cin, Cout] tensor, got "
                          f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-    if weight.shape[0] != v:
+    if weight.shape[0] != geom.volume:
         raise ValueError(f"sparse_conv3d: weight has {weight.shape[0]} offsets but kernel_size "
-                         f"{geom.kernel_size} has {v}")
+                         f"{geom.kernel_size} has {geom.volume}")
     if weight.shape[1] != feats.shape[1]:
         raise ValueError(f"sparse_conv3d: input has {feats.shape[1]} channels but weight expects {weight.shape[1]}")
     if weight.dtype != feats.dtype:
@@ -109,10 +125,16 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         raise ValueError(f"sparse_conv3d: weight is on {weight.device} but input is on {feats.device}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[2]):
         raise ValueError(f"sparse_conv3d: bias must be [{weight.shape[2]}], got {tuple(bias.shape)}")
-    kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom)
+    if hit is not None:
+        _, kmap, out_coords, out_stride, out_key = hit
+    else:
+        kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom)
+        if call_key is not None:
+            input.cache.calls[call_key] = (geom, kmap, out_coords, out_stride, out_key)
     if algo is None:
-        algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight)
-    fwd, dgrad, wgrad = _resolve_algo(algo, default_algo(feats))
+        algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight,
+                           traced=traced)
+    fwd, dgrad, wgrad = _resolve_algo(algo, feats)
     order, segs = pass_plan(kmap, "fwd", fwd, geom, feats.dtype)
     if _gradless(traced, feats, weight):
         with below_autograd():

@@ -14,7 +14,7 @@ import os
 import torch
 
 from ._tracing import tracing
-from .geometry import default_padding, triple
+from .geometry import default_padding, triple, volume
 
 # Map search: 0 = z-delta (sorted keys), 1 = open-addressing hash; None = per device:
 # hash on CUDA (65 us vs 110 us for 3x3x3 at 125k voxels, H100), z-delta on CPU (3x faster there).
@@ -38,6 +38,7 @@ class KernelMap:
             a forward without gradients never reads it (sorting costs ~70 us of host time and
             ~40 us of GPU per map on the H100, 28 sorts in a MinkUNet forward).
         plans: dict filled by torchsp.plan (pair lists, segmented plans of each dataflow).
+        stats, rows_bucket: set by torchsp.tune on first use (the map's part of a cache key).
     """
 
     def __init__(self, nbmap, nbmap_t, order=None, order_t=None, sort_rows=False):
@@ -106,7 +107,7 @@ def map_pairs(nbmap):
 
 
 class ConvGeometry:
-    """Normalised arguments of one sparse convolution (all 3-tuples of ints)."""
+    """Normalised arguments of one sparse convolution (all 3-tuples of ints; volume: V)."""
 
     def __init__(self, kernel_size, stride=1, dilation=1, padding=None, transposed=False,
                  generative=False, rule="active"):
@@ -120,6 +121,7 @@ class ConvGeometry:
         self.transposed = bool(transposed)
         self.generative = bool(generative)
         self.rule = rule
+        self.volume = volume(self.kernel_size)  # V, the weight's first dimension
 
     @property
     def submanifold(self):

@@ -249,6 +249,14 @@ def _bucket_rows(n):
     return 0 if n <= 0 else int(round(math.log2(n) * 2))  # half-octaves
 
 
+def _rows_bucket(kmap):
+    """_bucket_rows of the map's output rows, kept on the KernelMap (asked every layer call)."""
+    b = getattr(kmap, "rows_bucket", None)
+    if b is None:
+        b = kmap.rows_bucket = _bucket_rows(int(kmap.nbmap.shape[0]))
+    return b
+
+
 def _device_name(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -307,7 +315,7 @@ def _unique_rows_hit(feats, kmap, geom, weight):
     that rebuilds its maps for every batch would pay it in every layer group of every forward.
     Only when neighbour buckets of the same rows bucket chose differently is it computed.
     """
-    prefix = f"{static_signature(feats, geom, weight)}|r{_bucket_rows(int(kmap.nbmap.shape[0]))}|"
+    prefix = f"{static_signature(feats, geom, weight)}|r{_rows_bucket(kmap)}|"
     hits = [v for k, v in _choices().items() if k.startswith(prefix)]
     if not hits:
         return None
@@ -474,30 +482,36 @@ def _is_rank0():
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def choose_algo(input, kmap, geom, weight, force=False):
+def choose_algo(input, kmap, geom, weight, force=False, traced=None):
     """(fwd, dgrad, wgrad) algorithm lists for a conv, or None for the defaults.
 
-    Called by torchsp.functional.sparse_conv3d for every layer without a fixed algo.
+    Called by torchsp.functional.sparse_conv3d for every layer without a fixed algo, which
+    passes `traced` (torchsp._tracing.tracing(), asked once per call); None asks here.
     """
     feats = input.feats
     if _state["fixed"] is not None:
         return [list(a) if a is not None else default_algo(feats) for a in _state["fixed"]]
-    if tracing():
+    if traced if traced is not None else tracing():
         # Compiling or tracing: no measuring and no data-dependent statistics; the choice
         # last tuned for this layer shape is read, as a constant.
         hit = _static_choice(str(feats.device), _dtype_key(feats), int(weight.shape[1]), int(weight.shape[2]),
                              geom.kernel_size, geom.stride, geom.transposed)
         return None if hit is None else [list(hit[0]), list(hit[1]), list(hit[2])]
-    mode = "auto" if force else get_mode(feats.device.type)
+    is_cuda = feats.is_cuda
+    mode = "auto" if force else get_mode("cuda" if is_cuda else feats.device.type)
     if mode == "off" or (mode == "cache" and not _choices()):
         return None
     if _state["seen"] is not None and kmap.nbmap.shape[0] > 0:
         # tune() lists the signatures a model uses (a statistics sync per map: tuning only).
         _state["seen"].setdefault(signature(feats, kmap, geom, weight), static_signature(feats, geom, weight))
     # Memo of the shape + rows-bucket lookup: building the string key costs ~25 us of
-    # Python per layer call, 1-2 ms per forward of a 50-layer net (H100, 2026-11-23).
-    memo_key = (feats.device, _dtype_key(feats), int(weight.shape[1]), int(weight.shape[2]), geom.kernel_size,
-                geom.stride, geom.transposed, _bucket_rows(int(kmap.nbmap.shape[0])), mode)
+    # Python per layer call, 1-2 ms per forward of a 50-layer net (H100, 2026-11-23).  Its own
+    # key is kept cheap too (choose_algo took ~7 us of the H100 host a call): a CUDA device by
+    # index, the dtype and tf32 switch as values, the rows bucket computed once per map.
+    dtype = feats.dtype
+    memo_key = (feats.get_device() if is_cuda else feats.device, dtype,
+                dtype == torch.float32 and tf32_allowed(feats), weight.shape[1], weight.shape[2], geom.kernel_size,
+                geom.stride, geom.transposed, _rows_bucket(kmap), mode)
     hit = _memo.get(memo_key)
     if hit is None:
         hit = _unique_rows_hit(feats, kmap, geom, weight)

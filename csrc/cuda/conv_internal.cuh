@@ -82,13 +82,18 @@ static inline int64_t tsp_wgrad_chunks(const tsp_conv_problem *p) {
 }
 
 /* Compute capability of the current device as 10 * major + minor, 0 on error.
-** Attribute queries are cached host-side lookups, not synchronisations. */
+** Remembered per device (devices 0 .. 63): a conv pass asks several times,
+** and on a virtualised host each runtime call costs.  A race between host
+** threads writes the same value twice. */
 static inline int tsp_device_cc(void) {
+  static int known[64];
   int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev >= 0 && dev < 64 && known[dev] != 0) return known[dev];
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
     return 0;
+  if (dev >= 0 && dev < 64) known[dev] = 10 * major + minor;
   return 10 * major + minor;
 }
 

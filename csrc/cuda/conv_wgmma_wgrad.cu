@@ -113,12 +113,15 @@ static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
   const int64_t by_map = (p->n_out * v + WW_MIN_PIECE - 1) / WW_MIN_PIECE;
   if (g > by_map) g = by_map;
   if (g < 1) g = 1;
-  const size_t pairs_ws = tsp_kernel_map_pairs_cuda_workspace(p->n_out, v);
-  if (pairs_ws == 0 || (g + v - 1) * vcc > WW_MAX_PARTIALS || g * pl.tiles > 0x7fffffffLL)
+  /* A given pair list needs no scan workspace: CUB's size query (asked three
+  ** times a pass) is skipped. */
+  const int given = p->pairs != NULL && p->pair_starts != NULL;
+  const size_t pairs_ws = given ? 0 : tsp_kernel_map_pairs_cuda_workspace(p->n_out, v);
+  if ((!given && pairs_ws == 0) || (g + v - 1) * vcc > WW_MAX_PARTIALS || g * pl.tiles > 0x7fffffffLL)
     return pl;
   pl.pieces = g;
   pl.starts_at = ww_align((size_t)((g + v - 1) * vcc) * sizeof(float));
-  if (p->pairs != NULL && p->pair_starts != NULL) {
+  if (given) {
     pl.pairs_at = pl.pairs_ws_at = pl.bytes = pl.starts_at;
     return pl;
   }
