@@ -91,7 +91,10 @@ __global__ void __launch_bounds__(WG_THREADS)
   const int chunks = (red + BK - 1) / BK;
   const int steps = *tile.count * chunks;
 
-  /* Stage loader: chunk i of a stage (16 bytes) lands at element 8 i (file header). */
+  /* Stage loader: chunk i of a stage (16 bytes) lands at element 8 i (file header).
+  ** Tried, not kept: 0-byte cp.async zero fills instead of the branch to a shared store
+  ** (what sped up conv_implicit_gemm.cu and wgrad): tile 13 at C = 64 fwd 66.0 / 65.8 ->
+  ** 69.5 / 69.9 us, dgrad likewise (H200 host, same run, 2026-11-25). */
   auto load_step = [&](int li, int c0, int stage) {
     const int k = s_list[li];
     const uint32_t used = s_groups[k]; /* m64 blocks with no row for k are skipped, never read */
