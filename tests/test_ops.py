@@ -293,14 +293,15 @@ def test_row_order_any_permutation(dtype, cin, cout):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("cin,cout", [(64, 64), (96, 40), (72, 136), (136, 256), (264, 384)])
+@pytest.mark.parametrize("cin,cout", [(32, 32), (64, 64), (96, 40), (72, 136), (136, 256), (264, 384)])
 @pytest.mark.parametrize("n", [3000, 37])
 def test_wgrad_tiles(dtype, cin, cout, n):
     """wgrad on each tile against the fp64 gather reference: 0 (the default: conv_wgmma_wgrad.cu over
     pair pieces on sm_90a builds when both channel counts are >= 32, else mma.sync), 3 (mma.sync), 12 (128 x 128
     wgmma), 13 (64 x 64), 15 (128 x 256), each in row chunks (dataflow 0) and in pair pieces
-    (dataflow 1, split 1 and 3): partial channel tiles (96, 40, 72, 136, 264, 384), pair counts no
-    multiple of a 64-pair slab, one row chunk (n = 37) or several.  Each result lands in
+    (dataflow 1, split 1 and 3): 32 channels (the smallest that tile 0 runs in pieces), partial
+    channel tiles (96, 40, 72, 136, 264, 384), pair counts no multiple of a 64-pair slab, one row
+    chunk (n = 37) or several.  Each result lands in
     NaN-poisoned memory (the workspace too: a partial slot read but never written shows) and a
     second run is bitwise equal (no atomics)."""
     c, out, nbmap, _ = _maps("cuda", n=n, seed=8)
