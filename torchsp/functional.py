@@ -89,22 +89,8 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     # Eager calls take memos and shortcuts (a few us each, H100 layers of 30-60 us): traced
     # calls keep the plain, traceable path.
     traced = tracing()
-    hit = call_key = None
-    if traced:
-        geom = ConvGeometry(kernel_size, stride, dilation, padding, transposed, generative, rule)
-    else:
-        # The call memo: geometry, map and output coordinates of this call on this coordinate
-        # set: one lookup instead of conv_geometry and get_kernel_map (~2 us of an H100 host's
-        # time a call, of the ~7 us the eager trims of 2026-11-25 took off).
-        # Types are keyed because True == 1 (kernel_size=True is an error, not 1).
-        call_key = (input.coord_key, input.stride, kernel_size, type(kernel_size), stride, type(stride),
-                    dilation, type(dilation), padding, type(padding), transposed, generative, rule)
-        try:
-            hit = input.cache.calls.get(call_key)
-        except TypeError:  # unhashable arguments (lists): no memo
-            call_key = None
-        geom = hit[0] if hit is not None else conv_geometry(kernel_size, stride, dilation, padding, transposed,
-                                                            generative, rule)
+    geom = (ConvGeometry if traced else conv_geometry)(kernel_size, stride, dilation, padding, transposed,
+                                                       generative, rule)
     feats = input.feats
     # Under torch.autocast a sparse conv runs in the autocast dtype, as F.conv3d does.
     amp = _autocast_dtype("cuda" if feats.is_cuda else feats.device.type)
@@ -125,12 +111,7 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         raise ValueError(f"sparse_conv3d: weight is on {weight.device} but input is on {feats.device}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[2]):
         raise ValueError(f"sparse_conv3d: bias must be [{weight.shape[2]}], got {tuple(bias.shape)}")
-    if hit is not None:
-        _, kmap, out_coords, out_stride, out_key = hit
-    else:
-        kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom)
-        if call_key is not None:
-            input.cache.calls[call_key] = (geom, kmap, out_coords, out_stride, out_key)
+    kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom, traced=traced)
     if algo is None:
         algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight,
                            traced=traced)

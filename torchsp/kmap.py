@@ -122,14 +122,15 @@ class ConvGeometry:
         self.generative = bool(generative)
         self.rule = rule
         self.volume = volume(self.kernel_size)  # V, the weight's first dimension
+        self._key = (self.kernel_size, self.stride, self.dilation, self.padding, self.transposed,
+                     self.generative, self.rule)
 
     @property
     def submanifold(self):
         return self.stride == (1, 1, 1) and not self.generative
 
     def key(self):
-        return (self.kernel_size, self.stride, self.dilation, self.padding, self.transposed,
-                self.generative, self.rule)
+        return self._key  # built once: map and memo keys ask on every layer call
 
 
 _GEOMETRIES = {}  # conv_geometry's memo: argument tuple -> ConvGeometry (never mutated)
@@ -141,14 +142,16 @@ def conv_geometry(kernel_size, stride=1, dilation=1, padding=None, transposed=Fa
     layer call.  Each value is keyed with its type (True == 1 but kernel_size=True is an error);
     unhashable arguments (lists) build a new one.  Not for traced code (a global memo):
     torchsp.functional calls ConvGeometry itself then."""
-    args = (kernel_size, stride, dilation, padding, transposed, generative, rule)
-    key = tuple((type(v), v) for v in args)
+    # Spelled out (a generator costs ~0.5 us a call); bool() is applied to transposed and
+    # generative and rule is a string, so their types change nothing.
+    key = (kernel_size, type(kernel_size), stride, type(stride), dilation, type(dilation), padding,
+           type(padding), transposed, generative, rule)
     try:
         hit = _GEOMETRIES.get(key)
     except TypeError:
-        return ConvGeometry(*args)
+        return ConvGeometry(kernel_size, stride, dilation, padding, transposed, generative, rule)
     if hit is None:
-        hit = ConvGeometry(*args)
+        hit = ConvGeometry(kernel_size, stride, dilation, padding, transposed, generative, rule)
         if len(_GEOMETRIES) < 4096:
             _GEOMETRIES[key] = hit
     return hit
@@ -214,15 +217,24 @@ def build_kernel_map(in_coords, out_coords, kernel_size, dilation, padding, step
 
 
 def get_kernel_map(input, kernel_size, stride=1, dilation=1, padding=None, transposed=False,
-                   generative=False, rule="active"):
+                   generative=False, rule="active", traced=None):
     """Output coordinates and kernel map of a sparse convolution on `input`, cached.
 
+    kernel_size may be a ConvGeometry (the other geometry arguments are then ignored).
+    traced: torchsp._tracing.tracing() where the caller asked already; None asks here.
     Returns (KernelMap, out_coords [N_out, 4] int32, out_stride 3-tuple, out_coord_key).
     """
     geom = kernel_size if isinstance(kernel_size, ConvGeometry) else ConvGeometry(
         kernel_size, stride, dilation, padding, transposed, generative, rule)
-    out, out_stride, out_key, step, sign = output_coords(input, geom)
     cache = input.cache
+    # Eager repeats of a call: one lookup in SparseCache.calls instead of resolving the output
+    # coordinates and building the map key (~1 us of Python a layer call on a 2-core x86 host).
+    memo = None if (traced if traced is not None else tracing()) else (input.coord_key, input.stride, geom.key())
+    if memo is not None:
+        hit = cache.calls.get(memo)
+        if hit is not None:
+            return hit
+    out, out_stride, out_key, step, sign = output_coords(input, geom)
     key = (input.coord_key, out_key, geom.kernel_size, geom.dilation, geom.padding, step, sign)
     kmap = cache.kmaps.get(key)
     if kmap is None:
@@ -233,4 +245,6 @@ def get_kernel_map(input, kernel_size, stride=1, dilation=1, padding=None, trans
         else:
             kmap = build_kernel_map(input.coords, out, geom.kernel_size, geom.dilation, geom.padding, step, sign)
         cache.kmaps[key] = kmap
+    if memo is not None:
+        cache.calls[memo] = (kmap, out, out_stride, out_key)
     return kmap, out, out_stride, out_key

@@ -24,8 +24,8 @@ class SparseCache:
         out_coords: coord_key -> coords [N, 4] int32 of a strided or generative output.
         kmaps: kernel-map key -> KernelMap (see torchsp.kmap).
         tuning: group key -> tuned algorithm choices (see torchsp.tune).
-        calls: torchsp.functional.sparse_conv3d's eager memo: (coord_key, stride, conv
-            arguments) -> (ConvGeometry, KernelMap, out coords, out stride, out coord_key).
+        calls: torchsp.kmap.get_kernel_map's eager memo: (coord_key, stride, ConvGeometry
+            key) -> (KernelMap, out coords, out stride, out coord_key).
     """
 
     def __init__(self):
