@@ -57,19 +57,25 @@ inline void check_map(const at::Tensor &m, const char *op, const char *arg) {
               m.scalar_type());
 }
 
-/* An optional row order (tsp_conv_problem.order): int32 [rows] beside `ref`,
-** or, for a segmented pass (`segmented`), a row list of any length that the
-** segments index.  Its values are not read here (that would synchronise);
-** the kernels skip entries outside [0, rows). */
-inline void check_order(const std::optional<at::Tensor> &o, int64_t rows, const at::Tensor &ref,
-                        const char *op, const char *arg, bool segmented = false) {
-  if (!o.has_value() || !o->defined()) return;
-  TORCH_CHECK(o->dim() == 1 && (segmented || o->size(0) == rows), op, ": ", arg, " must be [", rows,
-              "] (one entry per map row), got shape ", o->sizes());
+/* An optional row order (tsp_conv_problem.order): int32 [rows] beside `ref`
+** (the map [rows, V]), or a tile plan [rows * (1 + V)] (returns 1: the
+** problem's order_plan), or, for a segmented pass (`segmented`), a row list
+** of any length that the segments index.  Its values are not read here (that
+** would synchronise); the kernels skip entries outside [0, rows) and clamp a
+** plan's map entries as they do the map's. */
+inline int32_t check_order(const std::optional<at::Tensor> &o, int64_t rows, const at::Tensor &ref,
+                           const char *op, const char *arg, bool segmented = false) {
+  if (!o.has_value() || !o->defined()) return 0;
+  const int64_t plan_len = rows * (1 + ref.size(1));
+  const bool plan = !segmented && o->dim() == 1 && rows > 0 && o->size(0) == plan_len && plan_len != rows;
+  TORCH_CHECK(o->dim() == 1 && (segmented || o->size(0) == rows || plan), op, ": ", arg, " must be [",
+              rows, "] (one entry per map row) or, without segments, a tile plan [", plan_len,
+              "] (mask_order with_map=True), got shape ", o->sizes());
   TORCH_CHECK(o->scalar_type() == at::kInt, op, ": ", arg, " must be int32, got ",
               o->scalar_type());
   TORCH_CHECK(o->device() == ref.device(), op, ": ", arg, " is on ", o->device(), " but the map is on ",
               ref.device());
+  return plan ? 1 : 0;
 }
 
 /* A segmented plan (tsp_segment, torchsp/plan.py): flat [start, count,

@@ -169,15 +169,21 @@ at::Tensor conv_wgrad_cpu(const at::Tensor &x_, const at::Tensor &dy_, const at:
 
 }  // namespace
 
-at::Tensor mask_order_cpu(const at::Tensor &nbmap_, int64_t offsets) {
+at::Tensor mask_order_cpu(const at::Tensor &nbmap_, int64_t offsets, bool with_map) {
   const char *op = "torchsp.mask_order";
   check_mask_order_map(nbmap_, op);
   at::Tensor nbmap = nbmap_.contiguous();
-  at::Tensor order = at::empty({nbmap.size(0)}, nbmap.options());
-  check_status(tsp_mask_order_cpu(nbmap.data_ptr<int32_t>(), nbmap.size(0), nbmap.size(1),
-                                  static_cast<uint64_t>(offsets), order.data_ptr<int32_t>()),
+  const int64_t n = nbmap.size(0), v = nbmap.size(1);
+  at::Tensor order = at::empty({n}, nbmap.options());
+  check_status(tsp_mask_order_cpu(nbmap.data_ptr<int32_t>(), n, v, static_cast<uint64_t>(offsets),
+                                  order.data_ptr<int32_t>()),
                op);
-  return order;
+  if (!with_map) return order;
+  at::Tensor plan = at::empty({n * (1 + v)}, nbmap.options());
+  check_status(tsp_mask_plan_cpu(nbmap.data_ptr<int32_t>(), n, v, order.data_ptr<int32_t>(),
+                                 plan.data_ptr<int32_t>()),
+               op);
+  return plan;
 }
 
 /* (pairs [P] int32, starts [V + 1] int64): count, allocate P, fill (torchsp.h). */

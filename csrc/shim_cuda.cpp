@@ -143,7 +143,7 @@ at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::T
   tsp_conv_problem p = fwd_problem(x_, w_, nbmap_, nbmap_t, fwd_algo, op);
   make_algo(dgrad_algo, op, "dgrad_algo");
   make_algo(wgrad_algo, op, "wgrad_algo");
-  check_order(order_, p.n_out, nbmap_, op, "order", !segs_.empty());
+  p.order_plan = check_order(order_, p.n_out, nbmap_, op, "order", !segs_.empty());
   check_order(order_t, p.n_in, nbmap_, op, "order_t", !segs_t.empty());
   const std::vector<tsp_segment> segs = make_segments(segs_, order_, p.n_out, p.volume, op, "segs", "order");
   make_segments(segs_t, order_t, p.n_in, p.volume, op, "segs_t", "order_t");
@@ -169,7 +169,7 @@ at::Tensor conv_dgrad_cuda(const at::Tensor &dy_, const at::Tensor &w_,
                            const std::optional<at::Tensor> &order_t_, c10::IntArrayRef segs_t_) {
   const char *op = "torchsp.conv_dgrad";
   tsp_conv_problem p = dgrad_problem(dy_, w_, nbmap_t_, algo, op);
-  check_order(order_t_, p.n_in, nbmap_t_, op, "order_t", !segs_t_.empty());
+  p.order_t_plan = check_order(order_t_, p.n_in, nbmap_t_, op, "order_t", !segs_t_.empty());
   const std::vector<tsp_segment> segs_t =
       make_segments(segs_t_, order_t_, p.n_in, p.volume, op, "segs_t", "order_t");
   p.segs_t = segs_t.data();
@@ -218,7 +218,7 @@ at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at
 
 }  // namespace
 
-at::Tensor mask_order_cuda(const at::Tensor &nbmap_, int64_t offsets) {
+at::Tensor mask_order_cuda(const at::Tensor &nbmap_, int64_t offsets, bool with_map) {
   const char *op = "torchsp.mask_order";
   check_mask_order_map(nbmap_, op);
   c10::cuda::CUDAGuard guard(nbmap_.device());
@@ -233,7 +233,12 @@ at::Tensor mask_order_cuda(const at::Tensor &nbmap_, int64_t offsets) {
                                    order.data_ptr<int32_t>(), ws.data_ptr(),
                                    static_cast<size_t>(ws.numel()), current_stream()),
                op);
-  return order;
+  if (!with_map) return order;
+  at::Tensor plan = at::empty({n * (1 + v)}, nbmap.options());
+  check_status(tsp_mask_plan_cuda(nbmap.data_ptr<int32_t>(), n, v, order.data_ptr<int32_t>(),
+                                  plan.data_ptr<int32_t>(), current_stream()),
+               op);
+  return plan;
 }
 
 /* (pairs [P] int32, starts [V + 1] int64): count and scan, read P back (the one

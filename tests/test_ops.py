@@ -261,7 +261,7 @@ def test_mask_order_is_sorted_permutation(device):
 @pytest.mark.parametrize("cin,cout", [(16, 32), (64, 64), (72, 136), (264, 136), (136, 256)])
 def test_row_order_any_permutation(dtype, cin, cout):
     """Tensor-core fwd/dgrad walk rows in `order`: mask order, a random permutation, map order
-    (None) and threshold -1, with every tile shape (6-10, 12-15: wgmma on sm_90a builds, 14-15
+    (None), the tile plans of the first two, and threshold -1, with every tile shape (6-10, 12-15: wgmma on sm_90a builds, 14-15
     warp-specialized; else the mma.sync fallback), all match the fp64 gather reference."""
     c, out, nbmap, nbmap_t = _maps("cuda", n=3000, seed=6)
     x = randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1)
@@ -270,11 +270,18 @@ def test_row_order_any_permutation(dtype, cin, cout):
     want_y = ref.gather_conv(x.cpu(), nbmap.cpu().long(), w.cpu())
     want_dx = ref.gather_conv(dy.cpu(), nbmap_t.cpu().long(), w.cpu().transpose(1, 2))
     g = torch.Generator().manual_seed(0)
+    perm, perm_t = (torch.randperm(nbmap.shape[0], generator=g).int().cuda(),
+                    torch.randperm(nbmap_t.shape[0], generator=g).int().cuda())
     orders = {
         "mask": (torchsp.kmap.mask_order(nbmap), torchsp.kmap.mask_order(nbmap_t)),
-        "random": (torch.randperm(nbmap.shape[0], generator=g).int().cuda(),
-                   torch.randperm(nbmap_t.shape[0], generator=g).int().cuda()),
+        "random": (perm, perm_t),
         "none": (None, None),
+        # tile plans [N * (1 + V)]: the mask order's (mask_order's kernel), a random
+        # permutation's (built here with torch)
+        "mask plan": (torchsp.kmap.mask_order(nbmap, with_map=True),
+                      torchsp.kmap.mask_order(nbmap_t, with_map=True)),
+        "random plan": (torch.cat([perm, nbmap[perm.long()].flatten()]),
+                        torch.cat([perm_t, nbmap_t[perm_t.long()].flatten()])),
     }
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
     for name, (o, ot) in orders.items():
@@ -289,6 +296,49 @@ def test_row_order_any_permutation(dtype, cin, cout):
     # wgrad: 128 x 128 tiles when both channel counts are >= 128, else 64 x 64 or 32 x 32
     dw = ops.conv_wgrad(x, dy, nbmap, [0, 0, 0, 0])
     assert rel_err(dw, ref.gather_wgrad(x.cpu(), nbmap.cpu().long(), dy.cpu())) <= tol
+
+
+def test_mask_order_with_map(device):
+    """mask_order(with_map=True): the tile plan [N * (1 + V)], the order, then the map rows in
+    that order; an empty map gives an empty plan."""
+    _, _, nbmap, _ = _maps(device, n=400, seed=5)
+    order = torchsp.kmap.mask_order(nbmap)
+    plan = torchsp.kmap.mask_order(nbmap, with_map=True)
+    n, v = nbmap.shape
+    assert plan.dtype == torch.int32 and plan.shape == (n * (1 + v),)
+    assert torch.equal(plan[:n], order)
+    assert torch.equal(plan[n:].view(n, v).cpu(), nbmap.cpu()[order.cpu().long()])
+    sub = torchsp.kmap.mask_order(nbmap, 0b101, with_map=True)
+    assert torch.equal(sub[:n], torchsp.kmap.mask_order(nbmap, 0b101))
+    empty = torchsp.kmap.mask_order(nbmap[:0], with_map=True)
+    assert empty.shape == (0,)
+    torch.library.opcheck(ops.mask_order.default, (nbmap, -1, True))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tile", [0, 3, 13, 15])
+def test_tile_plan_entries_are_checked(tile):
+    """A tile plan's map entries are read as defensively as the map's: entries past the input
+    rows, or negative ones other than -1, count as absent (fp64 reference with those entries
+    removed; tile 15 reads them from the plan, the others from the map); the conv ops name
+    `order` / `order_t` for a plan or order of the wrong length."""
+    c, out, nbmap, nbmap_t = _maps("cuda", n=3000, seed=8)
+    x = randn(c.shape[0], 64, dtype=torch.float16, device="cuda", seed=1)
+    w = randn(27, 64, 64, dtype=torch.float16, device="cuda", seed=2, scale=0.2)
+    bad, cut = nbmap.clone(), nbmap.clone()
+    bad[::7, 2] = c.shape[0] + 5  # offset 2 of every 7th row: past the input rows
+    bad[1::7, 4] = -7  # offset 4: any negative value is absent
+    cut[::7, 2] = -1
+    cut[1::7, 4] = -1
+    plan = torchsp.kmap.mask_order(bad, with_map=True)
+    a = [0, tile, 0, 0]
+    y = ops.conv_fwd(x, w, bad, nbmap_t, a, a, a, plan, None)
+    assert rel_err(y, ref.gather_conv(x.cpu(), cut.cpu().long(), w.cpu())) <= 5e-3
+    with pytest.raises(RuntimeError, match="order must be .* tile plan"):
+        ops.conv_fwd(x, w, nbmap, nbmap_t, a, a, a, plan[:-1], None)
+    dy = randn(out.shape[0], 64, dtype=torch.float16, device="cuda", seed=3)
+    with pytest.raises(RuntimeError, match="order_t must be .* tile plan"):
+        ops.conv_dgrad(dy, w, nbmap_t, a, plan[:5])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -38,7 +38,9 @@ def _kernel_map_pairs(nbmap):
 
 
 @torch.library.register_fake("torchsp::mask_order")
-def _mask_order(nbmap, offsets=-1):
+def _mask_order(nbmap, offsets=-1, with_map=False):
+    if with_map:
+        return nbmap.new_empty((nbmap.shape[0] * (1 + nbmap.shape[1]),))
     return nbmap.new_empty((nbmap.shape[0],))
 
 

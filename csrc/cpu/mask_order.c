@@ -6,6 +6,7 @@
 ** Rows are sorted by the Gray rank of their mask (tsp_mask_gray_rank).
 ** Bit positions follow tsp_mask_rank.h (rarest offsets most significant).
 ** Offsets outside the `offsets` set count 0 and set no bit (torchsp.h).
+** tsp_mask_plan_cpu copies the map rows into that order (a tile plan).
 */
 #include <stdlib.h>
 
@@ -56,5 +57,21 @@ tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume
   qsort(tmp, (size_t)n_rows, sizeof(mask_row), cmp_mask_row);
   for (int64_t r = 0; r < n_rows; ++r) order[r] = tmp[r].row;
   free(tmp);
+  return TSP_OK;
+}
+
+tsp_status tsp_mask_plan_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
+                             const int32_t *order, int32_t *plan) {
+  if (n_rows == 0 && volume >= 1) return TSP_OK;
+  if (!map || !order || !plan || n_rows < 0 || volume < 1 || n_rows > 0x7fffffffLL)
+    return TSP_ERR_ARGUMENT;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n_rows; ++i) {
+    const int32_t r = order[i];
+    const int ok = r >= 0 && r < n_rows;
+    int32_t *row = plan + n_rows + i * volume;
+    plan[i] = ok ? r : -1;
+    for (int64_t k = 0; k < volume; ++k) row[k] = ok ? map[(int64_t)r * volume + k] : -1;
+  }
   return TSP_OK;
 }

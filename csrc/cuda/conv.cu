@@ -168,7 +168,7 @@ static int split_k(tsp_algo algo) {
 }
 
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
-** of w (tiles 14 and 15: the weight image and the blocks' tile counter), then
+** of w (tiles 6-10; 14 and 15: the weight image and the blocks' tile counter), then
 ** fp32 partial sums: [rows, n] for segmented plans, [splits, rows, n] for
 ** split-K. */
 static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n, int n_segs) {
@@ -176,7 +176,7 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
   const int tile = resolve_tile(p->dtype, red, n, p->algo.tile);
   if (is_ws_tile(tile))
     bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n)) + 256; /* + tile counter */
-  else if (is_wgmma_tile(tile))
+  else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0)
     bytes += (size_t)(rows * n) * sizeof(float);
@@ -208,9 +208,10 @@ size_t tsp_conv_cuda_wgrad_workspace(const tsp_conv_problem *prob) {
 
 typedef enum { OS_SIMPLE, OS_IGEMM, OS_WGMMA, OS_TF32 } os_kernel;
 
+/* transposed_w: a->w is [volume, n, red] (K-major for wgmma). */
 static tsp_status os_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_launch *a,
                             int transposed_w, int tile) {
-  if (kind == OS_WGMMA) return tsp_conv_wgmma_os(dtype, a, tile);
+  if (kind == OS_WGMMA) return tsp_conv_wgmma_os(dtype, a, tile, transposed_w);
   if (kind == OS_TF32) return tsp_conv_tf32_os(a, transposed_w);
   return tsp_conv_igemm_os(dtype, a, transposed_w, tile);
 }
@@ -247,6 +248,8 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   if (kind == OS_SIMPLE)
     return tsp_conv_simple_os(dtype, a.src, a.src_rows, a.w, a.map, rows, a.volume, a.red, n,
                               transposed_w, a.out, stream);
+  if (a.order == NULL) a.plan = 0; /* threshold -1: map order, the plan unread */
+  if (a.plan && n_segs > 0) return TSP_ERR_ARGUMENT; /* the shim refuses it first */
   unsigned char *ws = (unsigned char *)workspace;
   size_t used = 0;
   if (kind == OS_WGMMA && is_ws_tile(tile)) { /* both passes: the weight image first */
@@ -257,13 +260,15 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
     a.w = ws;
     a.tile_counter = (int32_t *)(ws + wbytes);
     used = wbytes + 256;
-  } else if (kind == OS_WGMMA && !transposed_w) { /* forward: K-major copy of w first */
+  } else if (kind == OS_WGMMA && !transposed_w && !tsp_conv_wgmma_reads_mn(tile)) {
+    /* forward on tiles 6-10: K-major copy of w first */
     const size_t wbytes = align256(tsp_conv_wgmma_workspace(a.volume, a.red, n));
     if (ws == NULL || workspace_bytes < wbytes) return TSP_ERR_ARGUMENT;
     tsp_status s = tsp_conv_wgmma_weights(dtype, &a, ws);
     if (s != TSP_OK) return s;
     a.w = ws;
     used = wbytes;
+    transposed_w = 1; /* the copy is [volume, n, red] */
   }
   const int splits = split_k(algo);
   if (n_segs <= 0 && splits > 1) { /* split-K: runs write partials, then a fixed-order sum */
@@ -337,7 +342,8 @@ tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const 
   const tsp_os_launch a = {x, prob->n_in, w, nbmap,
                            segmented || prob->algo.threshold != -1 ? prob->order : NULL,
                            prob->n_out, prob->volume, prob->c_in, prob->c_out, y,
-                           (cudaStream_t)stream, prob->n_out, ~(uint64_t)0, NULL, TSP_EPI_STORE};
+                           (cudaStream_t)stream, prob->n_out, ~(uint64_t)0, NULL, TSP_EPI_STORE,
+                           NULL, 0, prob->order_plan};
   return output_stationary(prob->dtype, &a, 0, prob->algo, prob->segs, prob->n_segs,
                            workspace, workspace_bytes);
 }
@@ -351,7 +357,8 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
   const tsp_os_launch a = {dy, prob->n_out, w, nbmap_t,
                            segmented || prob->algo.threshold != -1 ? prob->order_t : NULL,
                            prob->n_in, prob->volume, prob->c_out, prob->c_in, dx,
-                           (cudaStream_t)stream, prob->n_in, ~(uint64_t)0, NULL, TSP_EPI_STORE};
+                           (cudaStream_t)stream, prob->n_in, ~(uint64_t)0, NULL, TSP_EPI_STORE,
+                           NULL, 0, prob->order_t_plan};
   return output_stationary(prob->dtype, &a, 1, prob->algo, prob->segs_t, prob->n_segs_t,
                            workspace, workspace_bytes);
 }

@@ -163,7 +163,8 @@ typedef struct {
   int64_t src_rows;
   const void *w;       /* [volume, red, n], or [volume, n, red] when transposed */
   const int32_t *map;  /* [rows, volume] */
-  const int32_t *order; /* [tile_rows] map rows the tiles walk, or NULL: 0 .. rows - 1 */
+  const int32_t *order; /* [tile_rows] map rows the tiles walk, or NULL: 0 .. rows - 1;
+                           or a tile plan (plan below) */
   int64_t rows, volume, red, n;
   void *out;           /* [rows, n] */
   cudaStream_t stream;
@@ -176,7 +177,14 @@ typedef struct {
   int splits;          /* split-K: > 1 cuts each tile's offsets into this many runs, block
                           (tile, s) writing its sums to accum + s * rows * n in `mode`
                           (TSP_EPI_ACC_INIT); 0 or 1: none */
+  int plan;            /* order is a tile plan (tsp_conv_problem.order_plan): the order
+                          [tile_rows], then the map rows in that order [tile_rows, volume] */
 } tsp_os_launch;
+
+/* The map rows of a launch's tile plan, in tile order, or NULL (conv_tile.cuh). */
+static inline const int32_t *tsp_os_plan_map(const tsp_os_launch *a) {
+  return a->plan && a->order ? a->order + a->tile_rows : NULL;
+}
 
 /* TSP_OK when the mma.sync kernel takes this shape (fp16/bf16, channels
 ** multiples of 8, aligned operands, V <= 64, sm_80+), else TSP_ERR_UNSUPPORTED. */
@@ -196,10 +204,12 @@ tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const vo
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);
 /* The wgmma kernels (sm_90a builds on sm_90 devices only, tiles 6-10 and
-** 12-15; TSP_ERR_UNSUPPORTED otherwise).  Tiles 6-13 read w K-major
-** ([volume, n, red]): dgrad's w already is; forward first writes a K-major
-** copy with tsp_conv_wgmma_weights into tsp_conv_wgmma_workspace bytes and
-** passes it as a->w.  The warp-specialized tiles 14 and 15
+** 12-15; TSP_ERR_UNSUPPORTED otherwise).  Tiles 6-10 read w K-major
+** ([volume, n, red], k_major = 1): dgrad's w already is; forward first writes
+** a K-major copy with tsp_conv_wgmma_weights into tsp_conv_wgmma_workspace
+** bytes and passes it as a->w.  Tiles 12 and 13 (tsp_conv_wgmma_reads_mn) also
+** read the forward's [volume, red, n] as stored (k_major = 0).  The
+** warp-specialized tiles 14 and 15
 ** (conv_wgmma_ws.cu) read an image of the weights that
 ** tsp_conv_wgmma_ws_image writes (both passes; `transposed_w` as for the
 ** launchers above) into tsp_conv_wgmma_ws_image_bytes. */
@@ -207,7 +217,8 @@ size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n);
 int tsp_conv_wgmma_available(void); /* sm_90a build on an sm_90 device */
 tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void *wt);
-tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
+int tsp_conv_wgmma_reads_mn(int tile);
+tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major);
 size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n);
 tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w,

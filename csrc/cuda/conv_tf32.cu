@@ -62,7 +62,7 @@ template <typename CFG> static size_t tf32_smem_bytes(int volume) {
 template <typename CFG>
 __global__ void __launch_bounds__(CFG::THREADS)
     tf32_os_kernel(const float *__restrict__ src, int64_t src_rows, const float *__restrict__ w,
-                   const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+                   const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
                    int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
                    int n, float *__restrict__ out, float *__restrict__ accum, int mode, int splits) {
   enum { BM = CFG::BM, BN = CFG::BN, BK = CFG::BK, STAGES = CFG::STAGES, NT = CFG::THREADS };
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(CFG::THREADS)
   tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
   /* 1-2. The tile's map entries, per-offset masks of 16-row groups, used offsets. */
-  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
+  tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
   accum = tsp_split_accum(accum, split, rows, n);
   if (mode == TSP_EPI_ACC_ADD && *tile.count == 0) return; /* adds nothing (block-uniform) */
   const int chunks = (red + BK - 1) / BK;
@@ -244,7 +244,7 @@ template <typename CFG> static tsp_status launch_tf32(const tsp_os_launch &a) {
   const int splits = a.splits > 1 ? a.splits : 1;
   if (tiles * splits > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
   tf32_os_kernel<CFG><<<(unsigned)(tiles * splits), CFG::THREADS, smem, a.stream>>>(
-      (const float *)a.src, a.src_rows, (const float *)a.w, a.map, a.order, a.rows, a.tile_rows,
+      (const float *)a.src, a.src_rows, (const float *)a.w, a.map, a.order, nullptr /* plan_map: conv_tile.cuh */, a.rows, a.tile_rows,
       a.offsets, (int)a.volume, (int)a.red, (int)a.n, (float *)a.out, a.accum, a.mode, splits);
   return tsp_cuda_check_launch("tsp_conv_tf32_os");
 }

@@ -118,6 +118,17 @@ template <int BAR, int NT> static __device__ __forceinline__ void tsp_tile_sync(
 /* The pieces of tsp_tile_offsets_by, the tile's first phase.  A warp's pass
 ** covers PASS_ROWS consecutive tile rows from `first`. */
 
+/* Tile plans.  With a plan (torchsp.h, tsp_conv_problem.order_plan) the
+** launch also gets plan_map, the map rows in tile order [tile_rows, volume]
+** (NULL without one).  The warp-specialized producers' loop below then reads
+** a pass's map entries from it in the same round trip as the order entries,
+** no load waiting on another: C = 128 tile 15 main kernel 148.9 / 148.7 ->
+** 133.8 / 133.9 us fwd, 148.5 / 146.6 -> 133.3 / 131.3 dgrad (H100, same
+** run, two rounds each, 2026-11-25).  The all-warps path keeps reading the
+** map through the order, and the other kernels get plan_map == NULL: the
+** plan's rows made the mma.sync kernel slower (C = 32 fwd 41.1 -> 51.9 us,
+** same run) and tile 13 no faster. */
+
 /* Lane j < PASS_ROWS: the map row of tile row first + j (order[row0 + first +
 ** j], or row0 + first + j without an order), -1 when there is none (a row
 ** past the tile's rows_here, or an order entry outside [0, rows)). */
@@ -137,16 +148,27 @@ static __device__ __forceinline__ int32_t tsp_tile_row_of(const int32_t *__restr
   return r;
 }
 
-/* Issue the loads of entries k0 + lane of the pass's rows (r: tsp_tile_row_of's
-** lane value, broadcast by shuffle): p[j] is entry k0 + lane of row j, -1 when
-** the row, the offset or the segment's `offsets` bit is absent.  The values are
-** not read here, so the loads stay in flight until tsp_tile_store_pass. */
+/* Issue the loads of entries k0 + lane of the pass's rows: p[j] is entry k0 +
+** lane of row j, -1 when the row, the offset or the segment's `offsets` bit
+** is absent.  From the map (r: tsp_tile_row_of's lane value, broadcast by
+** shuffle) or from plan_map's rows directly (rows that r says are absent are
+** cleared by tsp_tile_store_pass).  The values are not read here, so the
+** loads stay in flight until tsp_tile_store_pass. */
 template <int PASS_ROWS>
-static __device__ __forceinline__ void tsp_tile_fetch_pass(const int32_t *__restrict__ map, int32_t r,
+static __device__ __forceinline__ void tsp_tile_fetch_pass(const int32_t *__restrict__ map,
+                                                           const int32_t *__restrict__ plan_map, int32_t r,
+                                                           int64_t rows_here, int64_t row0, int first,
                                                            int k0, int volume, uint64_t offsets, int lane,
                                                            int32_t (&p)[PASS_ROWS]) {
   const int k = k0 + lane;
   const bool takes_part = k < volume && ((offsets >> (k & 63)) & 1u); /* volume <= 64 */
+  if (plan_map != nullptr) {
+    const int32_t *q = plan_map + (row0 + first) * volume + k;
+#pragma unroll
+    for (int j = 0; j < PASS_ROWS; ++j)
+      p[j] = first + j < rows_here && takes_part ? q[(int64_t)j * volume] : -1;
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < PASS_ROWS; ++j) {
     const int32_t rj = __shfl_sync(0xffffffffu, r, j);
@@ -154,16 +176,19 @@ static __device__ __forceinline__ void tsp_tile_fetch_pass(const int32_t *__rest
   }
 }
 
-/* Store a pass's fetched entries (entries outside [0, src_rows) become -1)
-** and set, for each offset, the bits of the 16-row groups g0, g0 + 1 that use it. */
+/* Store a pass's fetched entries (entries outside [0, src_rows), and with
+** plan_map those of rows r names none, become -1) and set, for each offset,
+** the bits of the 16-row groups g0, g0 + 1 that use it. */
 template <int PASS_ROWS>
-static __device__ __forceinline__ void tsp_tile_store_pass(int32_t (&p)[PASS_ROWS], int k0, int volume,
+static __device__ __forceinline__ void tsp_tile_store_pass(int32_t (&p)[PASS_ROWS], const int32_t *plan_map,
+                                                           int32_t r, int k0, int volume,
                                                            int64_t src_rows, int first, int g0, int lane,
                                                            const tsp_tile_smem &t) {
   const int k = k0 + lane;
   uint32_t bits = 0;
 #pragma unroll
   for (int j = 0; j < PASS_ROWS; ++j) {
+    if (plan_map != nullptr && __shfl_sync(0xffffffffu, r, j) < 0) p[j] = -1;
     if (p[j] < 0 || (int64_t)p[j] >= src_rows) p[j] = -1;
     if (k < volume) t.nb[(first + j) * volume + k] = p[j];
     if (p[j] >= 0) bits |= 1u << (g0 + j / 16);
@@ -207,7 +232,8 @@ static __device__ __forceinline__ void tsp_tile_list(const tsp_tile_smem &t, int
 ** (split-K: see tsp_tile_list). */
 template <int BM, int NT, int BAR>
 static __device__ __forceinline__ void tsp_tile_offsets_by(
-    const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
+    const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+    const int32_t *__restrict__ plan_map, int64_t rows,
     int64_t tile_rows, int64_t row0, int volume, uint64_t offsets, int64_t src_rows,
     const tsp_tile_smem &t, const int tid, int split = 0, int splits = 1) {
   static_assert(BM % 16 == 0 && BM / 16 <= 32, "16-row groups; row-group masks are 32-bit");
@@ -227,12 +253,12 @@ static __device__ __forceinline__ void tsp_tile_offsets_by(
     const int g0 = warp * PASS_G, first = g0 * 16;
     const int32_t r = tsp_tile_row_of<PASS_ROWS>(order, rows, rows_here, row0, first, lane);
     int32_t p[PASS_ROWS];
-    tsp_tile_fetch_pass<PASS_ROWS>(map, r, 0, volume, offsets, lane, p);
+    tsp_tile_fetch_pass<PASS_ROWS>(map, nullptr, r, rows_here, row0, first, 0, volume, offsets, lane, p);
     for (int i = tid; i < volume; i += NT) t.groups[i] = 0;
     tsp_tile_sync<BAR, NT>();
     if (g0 < G) {
       if (lane < PASS_ROWS) t.rows[first + lane] = r;
-      tsp_tile_store_pass<PASS_ROWS>(p, 0, volume, src_rows, first, g0, lane, t);
+      tsp_tile_store_pass<PASS_ROWS>(p, nullptr, r, 0, volume, src_rows, first, g0, lane, t);
     }
     tsp_tile_sync<BAR, NT>();
     tsp_tile_list<NT, BAR>(t, volume, lane, warp, split, splits);
@@ -247,8 +273,8 @@ static __device__ __forceinline__ void tsp_tile_offsets_by(
     if (lane < PASS_ROWS) t.rows[first + lane] = r;
     for (int k0 = 0; k0 < volume; k0 += 32) {
       int32_t p[PASS_ROWS];
-      tsp_tile_fetch_pass<PASS_ROWS>(map, r, k0, volume, offsets, lane, p);
-      tsp_tile_store_pass<PASS_ROWS>(p, k0, volume, src_rows, first, g0, lane, t);
+      tsp_tile_fetch_pass<PASS_ROWS>(map, plan_map, r, rows_here, row0, first, k0, volume, offsets, lane, p);
+      tsp_tile_store_pass<PASS_ROWS>(p, plan_map, r, k0, volume, src_rows, first, g0, lane, t);
     }
   }
   tsp_tile_sync<BAR, NT>();
@@ -258,10 +284,11 @@ static __device__ __forceinline__ void tsp_tile_offsets_by(
 /* The whole block builds its tile (the usual case). */
 template <int BM, int NT>
 static __device__ __forceinline__ void tsp_tile_offsets(
-    const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
+    const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+    const int32_t *__restrict__ plan_map, int64_t rows,
     int64_t tile_rows, int64_t row0, int volume, uint64_t offsets, int64_t src_rows,
     const tsp_tile_smem &t, int split = 0, int splits = 1) {
-  tsp_tile_offsets_by<BM, NT, 0>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, t,
+  tsp_tile_offsets_by<BM, NT, 0>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, t,
                                  (int)threadIdx.x, split, splits);
 }
 

@@ -29,9 +29,11 @@
 ** Tiles 12 and 13 (SW) use the 128-byte swizzled layout instead (BK = 64:
 ** row r's 128 bytes at 128 r, its chunk c at chunk c ^ (r % 8); see
 ** wg_desc_sw128), which lets a warp copy 4 whole rows per instruction.
-** B must be K-major: dgrad's w[k] is [n, red] already; forward's w[k] is
-** [red, n], so tsp_conv_wgmma_os first writes w^T into the caller's workspace
-** (V * red * n elements, ~3.5 MB at C = 256: a few microseconds).
+** Tiles 6-10 read B K-major: dgrad's w[k] is [n, red] already; forward's
+** w[k] is [red, n], so conv.cu first writes w^T into the caller's workspace
+** (tsp_conv_wgmma_weights, V * red * n elements: 2.2 us and a launch at
+** C = 64).  The swizzled tiles 12 and 13 read the forward's w as stored,
+** MN-major (BT below), and need no copy.
 ** Only compiled for sm_90a (TORCH_CUDA_ARCH_LIST=9.0a defines TSP_WGMMA);
 ** elsewhere tsp_conv_wgmma_os answers TSP_ERR_UNSUPPORTED and conv.cu falls
 ** back to the mma.sync kernel.
@@ -64,14 +66,20 @@ template <int MW, int BN, int BK, int STAGES, bool SW> static size_t wg_smem_byt
 ** 32 16-byte copies then read 4 whole 128-byte row segments (one L2 request
 ** each) instead of 64-byte halves of 8 rows, and still write shared memory
 ** without bank conflicts. */
-template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW>
+/* BT (SW only): w is the forward's [volume, red, n] as stored, so B is
+** MN-major: a stage holds BN / 64 blocks of BK reduction rows x 64 channels,
+** reduction row j's 128 bytes at 128 j of its block, chunk q at chunk q ^ (j % 8)
+** (wg_desc_sw128_mn), and wgmma reads it transposed (imm-trans-b).  A warp's
+** copies still read 4 whole 128-byte row segments of w. */
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT>
 __global__ void __launch_bounds__(WG_THREADS)
     wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
-                    const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+                    const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
                     int n, T *__restrict__ out, float *__restrict__ accum, int mode, int splits) {
   enum { BM = 128 * MW, NT = WG_THREADS, A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   static_assert(!SW || BK == 64, "the 128-byte swizzle holds rows of 64 16-bit elements");
+  static_assert(!BT || SW, "MN-major weights come in the swizzled layout only");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T *s_a = (T *)(smem_raw + (SW ? (1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023 : 0));
   T *s_b = s_a + STAGES * A_STAGE;
@@ -85,7 +93,7 @@ __global__ void __launch_bounds__(WG_THREADS)
   int split; /* split-K: which run of the tile's offsets this block sums */
   tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
-  tsp_tile_offsets<BM, NT>(map, order, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
+  tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
   accum = tsp_split_accum(accum, split, rows, n);
   if (mode == TSP_EPI_ACC_ADD && *tile.count == 0) return; /* adds nothing (block-uniform) */
   const int chunks = (red + BK - 1) / BK;
@@ -117,6 +125,13 @@ __global__ void __launch_bounds__(WG_THREADS)
     for (int it = 0; it < (BN * BK / 8 + NT - 1) / NT; ++it) {
       const int i = tid + it * NT;
       if (i >= BN * BK / 8) break;
+      if (BT) { /* 64-channel block i / (8 BK), reduction row j, chunk q */
+        const int j = (i >> 3) % BK, q = i & 7, c = c0 + j, col = n0 + (i / (8 * BK)) * 64 + q * 8;
+        const bool valid = c < red && col < n;
+        T *dst = b_dst + (i / (8 * BK)) * BK * 64 + j * 64 + ((q ^ j) & 7) * 8;
+        tsp_cp_async16(dst, valid ? wk + (int64_t)c * n + col : w, valid);
+        continue;
+      }
       const int j = SW ? i >> 3 : (i / BK) * 8 + (i & 7);
       const int c = c0 + (SW ? i & 7 : (i >> 3) % (BK / 8)) * 8;
       const bool valid = n0 + j < n && c < red;
@@ -177,7 +192,10 @@ __global__ void __launch_bounds__(WG_THREADS)
       const T *a_s = s_a + stage * A_STAGE + (MW * wg + m) * 64 * BK;
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks) {
-        if (SW)
+        if (BT) /* k16 slice ks: 16 reduction rows, 2048 bytes on; 64-channel blocks BK * 128 bytes apart */
+          wg_op<BN>::template run_bt<T>(d, wg_desc_sw128(a_s + ks * 16),
+                                        wg_desc_sw128_mn(b_s + ks * 16 * 64, BK * 64 * 2));
+        else if (SW)
           wg_op<BN>::template run<T>(d, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
         else
           wg_op<BN>::template run<T>(d, wg_desc(a_s + ks * 128, 128, 16 * BK),
@@ -250,18 +268,19 @@ __global__ void __launch_bounds__(WG_TR * WG_TR_ROWS)
     if (j0 + y < n && c0 + tx < red) wt[base + (int64_t)(j0 + y) * red + c0 + tx] = s[tx][y];
 }
 
-template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false, bool SW = false>
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false, bool SW = false,
+          bool BT = false>
 static tsp_status launch_wgmma(const tsp_os_launch &a) {
   const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES, SW>((int)a.volume);
   static uint64_t smem_raised = 0;
-  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW>,
+  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT>,
                                       smem, &smem_raised, "tsp_conv_wgmma_os");
   if (s != TSP_OK) return s;
   const int64_t tiles = ((a.tile_rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);
   const int splits = a.splits > 1 ? a.splits : 1;
   if (tiles * splits > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW><<<(unsigned)(tiles * splits), WG_THREADS, smem, a.stream>>>(
-      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, a.tile_rows,
+  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT><<<(unsigned)(tiles * splits), WG_THREADS, smem, a.stream>>>(
+      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, nullptr /* plan_map: conv_tile.cuh */, a.rows, a.tile_rows,
       a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits);
   return tsp_cuda_check_launch("tsp_conv_wgmma_os");
 }
@@ -291,8 +310,16 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
 ** 4: 81.6 / 124.8 / 125.1 us against 78.4 (one run, 2026-11-24): 6 or more
 ** stages leave one block per SM, and the short tiles (~7 steps at 0.05 m)
 ** then wait out their prologues and epilogues alone. */
-template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, int tile) {
+template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, int tile, int k_major) {
   const int64_t n = a.n;
+  if (!k_major) { /* the forward's w as stored: tiles 12 and 13 read it MN-major */
+    if (tile == 12)
+      return n <= 64 ? launch_wgmma<T, 2, 64, 64, 4, true, true, true>(a)
+                     : launch_wgmma<T, 2, 128, 64, 4, true, true, true>(a);
+    if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true, true, true>(a);
+    if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true, true, true>(a);
+    return launch_wgmma<T, 1, 256, 64, 4, true, true, true>(a);
+  }
   switch (tile) {
   case 6:
     if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4>(a);
@@ -381,22 +408,26 @@ tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void 
 #endif
 }
 
-/* One launch; a->w is K-major ([volume, n, red]), or for tiles 14 and 15
-** the image of tsp_conv_wgmma_ws_image (conv_wgmma_ws.cu). */
-tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile) {
+int tsp_conv_wgmma_reads_mn(int tile) { return tile == 12 || tile == 13; }
+
+/* One launch; a->w is K-major ([volume, n, red]: k_major != 0), or for tiles
+** 12 and 13 also the forward's [volume, red, n] (k_major == 0), or for tiles
+** 14 and 15 the image of tsp_conv_wgmma_ws_image (conv_wgmma_ws.cu). */
+tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major) {
 #ifndef TSP_WGMMA
-  (void)dtype, (void)a, (void)tile;
+  (void)dtype, (void)a, (void)tile, (void)k_major;
   return TSP_ERR_UNSUPPORTED;
 #else
   if (tile == 14 || tile == 15) return tsp_conv_wgmma_ws_os(dtype, a, tile);
   const tsp_status ok = tsp_conv_wgmma_check(dtype, a, tile);
   if (ok != TSP_OK) return ok;
+  if (!k_major && !tsp_conv_wgmma_reads_mn(tile)) return TSP_ERR_ARGUMENT;
   if (a->rows <= 0 || a->tile_rows <= 0) return TSP_OK;
   switch (dtype) {
   case TSP_FLOAT16:
-    return dispatch_wgmma<__half>(*a, tile);
+    return dispatch_wgmma<__half>(*a, tile, k_major);
   case TSP_BFLOAT16:
-    return dispatch_wgmma<__nv_bfloat16>(*a, tile);
+    return dispatch_wgmma<__nv_bfloat16>(*a, tile, k_major);
   default:
     return TSP_ERR_UNSUPPORTED;
   }

@@ -49,8 +49,8 @@ static __device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem) {
          ((uint64_t)1 << 62);
 }
 
-/* The 128-byte swizzle for MN-major operands (wgrad's A and B, read with
-** imm-trans = 1): 64 channels (128 bytes) per K row, the 16-byte chunk c of
+/* The 128-byte swizzle for MN-major operands (wgrad's A and B, the forward's
+** B in conv_wgmma.cu's swizzled tiles, read with imm-trans = 1): 64 channels (128 bytes) per K row, the 16-byte chunk c of
 ** K row r stored at chunk c ^ (r % 8), K rows at a 128-byte pitch; SBO =
 ** 1024 bytes to the next 8 K rows, LBO = `lbo` bytes to the next 64
 ** channels (PTX ISA: "Leading Dimension Byte Offset", MN-major swizzled).
@@ -88,12 +88,15 @@ template <int N> static __device__ __forceinline__ void acc_fence(float (&d)[N])
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-/* wg_op<N>::run: D += A B for one k16 step, both operands K-major; run_tt:
-** both MN-major. */
+/* wg_op<N>::run: D += A B for one k16 step, both operands K-major; run_bt:
+** A K-major, B MN-major; run_tt: both MN-major. */
 template <int BN> struct wg_op;
 template <> struct wg_op<64> {
   template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_m64n64k16(d, a, b, T());
+  }
+  template <typename T> static __device__ __forceinline__ void run_bt(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_bt_m64n64k16(d, a, b, T());
   }
   template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_tt_m64n64k16(d, a, b, T());
@@ -103,6 +106,9 @@ template <> struct wg_op<128> {
   template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_m64n128k16(d, a, b, T());
   }
+  template <typename T> static __device__ __forceinline__ void run_bt(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_bt_m64n128k16(d, a, b, T());
+  }
   template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_tt_m64n128k16(d, a, b, T());
   }
@@ -110,6 +116,9 @@ template <> struct wg_op<128> {
 template <> struct wg_op<256> {
   template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_m64n256k16(d, a, b, T());
+  }
+  template <typename T> static __device__ __forceinline__ void run_bt(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_bt_m64n256k16(d, a, b, T());
   }
   template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_tt_m64n256k16(d, a, b, T());

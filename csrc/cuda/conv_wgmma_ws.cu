@@ -149,7 +149,7 @@ static __device__ __forceinline__ int32_t *ws_tile_index(const tsp_tile_smem &t)
 template <typename T, int BN, int STAGES, int PW, int MINB>
 __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     wgmma_ws_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ wimg,
-                    const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+                    const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
                     int n, T *__restrict__ out, float *__restrict__ accum, int mode,
                     int *__restrict__ next_tile, int tiles, int tbufs, int splits) {
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       int64_t row0;
       int n0;
       tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
-      tsp_tile_offsets_by<BM, PT, WS_TILE_BAR>(map, order, rows, tile_rows, row0, volume, offsets,
+      tsp_tile_offsets_by<BM, PT, WS_TILE_BAR>(map, order, plan_map, rows, tile_rows, row0, volume, offsets,
                                                 src_rows, tile, p, t % splits, splits);
       mb_arrive(&tile_full[tb]); /* release: the consumers see the tile */
       const int steps = *tile.count * chunks;
@@ -404,7 +404,7 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
                      "tsp_conv_wgmma_ws: zero the tile counter");
   if (s != TSP_OK) return s;
   wgmma_ws_kernel<T, BN, STAGES, PW, MINB><<<(unsigned)blocks, WS_CONSUMERS + 32 * PW, smem, a.stream>>>(
-      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, a.rows, a.tile_rows, a.offsets,
+      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
       (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter, (int)tiles,
       tbufs, splits);
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");

@@ -15,7 +15,8 @@
 ** five PyTorch ops on [N, V] int64 temporaries.
 **
 ** Offsets outside the `offsets` set are not counted and set no bit
-** (torchsp.h), exactly as in the CPU twin.
+** (torchsp.h), exactly as in the CPU twin.  tsp_mask_plan_cuda then copies
+** the map rows into that order (a tile plan, torchsp.h).
 */
 #include <cub/cub.cuh>
 
@@ -133,4 +134,27 @@ tsp_status tsp_mask_order_cuda(const int32_t *map, int64_t n_rows, int64_t volum
                                               workspace_bytes, st)
                       : mask_order<uint64_t>(map, n_rows, (int)volume, offsets, order, workspace,
                                               workspace_bytes, st);
+}
+
+/* One thread per plan entry: the order [n], then the map rows in that order [n, volume]. */
+__global__ void mask_plan_kernel(const int32_t *__restrict__ map, int64_t n, int volume,
+                                 const int32_t *__restrict__ order, int32_t *__restrict__ plan) {
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n * (1 + (int64_t)volume);
+       e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = e < n ? e : (e - n) / volume, k = e < n ? -1 : (e - n) - i * volume;
+    const int32_t r = order[i];
+    const bool ok = r >= 0 && r < n;
+    plan[e] = !ok ? -1 : k < 0 ? r : map[(int64_t)r * volume + k];
+  }
+}
+
+tsp_status tsp_mask_plan_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
+                              const int32_t *order, int32_t *plan, tsp_cuda_stream stream) {
+  if (n_rows == 0 && volume >= 1) return TSP_OK;
+  if (!map || !order || !plan || n_rows < 0 || volume < 1 || volume > 0x7fffffff ||
+      n_rows > 0x7fffffffLL)
+    return TSP_ERR_ARGUMENT;
+  mask_plan_kernel<<<tsp_grid_blocks(n_rows * (1 + volume), 256), 256, 0, (cudaStream_t)stream>>>(
+      map, n_rows, (int)volume, order, plan);
+  return tsp_cuda_check_launch("tsp_mask_plan_cuda");
 }
