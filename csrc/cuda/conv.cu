@@ -248,7 +248,6 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   if (kind == OS_SIMPLE)
     return tsp_conv_simple_os(dtype, a.src, a.src_rows, a.w, a.map, rows, a.volume, a.red, n,
                               transposed_w, a.out, stream);
-  if (a.order == NULL) a.plan = 0; /* threshold -1: map order, the plan unread */
   if (a.plan && n_segs > 0) return TSP_ERR_ARGUMENT; /* the shim refuses it first */
   unsigned char *ws = (unsigned char *)workspace;
   size_t used = 0;

@@ -310,16 +310,21 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
 ** 4: 81.6 / 124.8 / 125.1 us against 78.4 (one run, 2026-11-24): 6 or more
 ** stages leave one block per SM, and the short tiles (~7 steps at 0.05 m)
 ** then wait out their prologues and epilogues alone. */
+/* The swizzled tiles 12 (9 swizzled) and 13 (10 swizzled); BT: w as the
+** forward stores it, read MN-major. */
+template <typename T, bool BT> static tsp_status dispatch_swizzled(const tsp_os_launch &a, int tile) {
+  const int64_t n = a.n;
+  if (tile == 12)
+    return n <= 64 ? launch_wgmma<T, 2, 64, 64, 4, true, true, BT>(a)
+                   : launch_wgmma<T, 2, 128, 64, 4, true, true, BT>(a);
+  if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true, true, BT>(a);
+  if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true, true, BT>(a);
+  return launch_wgmma<T, 1, 256, 64, 4, true, true, BT>(a);
+}
+
 template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, int tile, int k_major) {
   const int64_t n = a.n;
-  if (!k_major) { /* the forward's w as stored: tiles 12 and 13 read it MN-major */
-    if (tile == 12)
-      return n <= 64 ? launch_wgmma<T, 2, 64, 64, 4, true, true, true>(a)
-                     : launch_wgmma<T, 2, 128, 64, 4, true, true, true>(a);
-    if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true, true, true>(a);
-    if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true, true, true>(a);
-    return launch_wgmma<T, 1, 256, 64, 4, true, true, true>(a);
-  }
+  if (!k_major) return dispatch_swizzled<T, true>(a, tile); /* tsp_conv_wgmma_os checked the tile */
   switch (tile) {
   case 6:
     if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4>(a);
@@ -339,13 +344,8 @@ template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, i
     if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true>(a);
     if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true>(a);
     return launch_wgmma<T, 1, 256, 64, 4, true>(a);
-  case 12: /* 9 swizzled */
-    if (n <= 64) return launch_wgmma<T, 2, 64, 64, 4, true, true>(a);
-    return launch_wgmma<T, 2, 128, 64, 4, true, true>(a);
-  default: /* 13: 10 swizzled */
-    if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true, true>(a);
-    if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true, true>(a);
-    return launch_wgmma<T, 1, 256, 64, 4, true, true>(a);
+  default: /* 12, 13 */
+    return dispatch_swizzled<T, false>(a, tile);
   }
 }
 
