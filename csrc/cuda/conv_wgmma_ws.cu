@@ -435,7 +435,29 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 ** fwd op): C = 256 420 -> 312-338 us, C = 128 231 -> 157, C = 64 145 -> 112
 ** (tile 13: 84); 6 stages at C = 128 and 8 at C = 64 changed nothing, nor
 ** did freeing each stage before the next step's wgmma (wgmma.wait_group 0);
-** two blocks per SM at C = 64 (3 stages): 102. */
+** two blocks per SM at C = 64 (3 stages): 102.
+** Tried 2026-11-25 and not kept (H100, lidar_198k, main kernel us, two
+** rounds against this code in the same run; each passed the ws tests, the
+** last three also compute-sanitizer memcheck and racecheck):
+**   - 256-row blocks (two 64-row blocks per consumer warpgroup, one commit
+**     group per block, 3 stages at n = 128), to halve the weights' L2
+**     traffic: Nsight Compute at C = 128 gave 612 MB through L2 instead of
+**     722, but 143.7 / 145.5 against 130.7 / 131.2; C = 64 70-71 against
+**     67 for tile 13.  L2 is 48% busy on this kernel at C = 128: its limit
+**     is latency, not L2 bandwidth;
+**   - the next tile built once STAGES steps of this one are issued, not
+**     after its last copy: C = 128 130 -> 152, C = 256 304 -> 466 (the copies
+**     wait for the build while the consumers drain the stages);
+**   - a 13th warp that builds tiles a buffer ahead (Nsight Compute put 14%
+**     of the consumer warps' samples at C = 128 on the wait for the next
+**     tile): C = 128 130 -> 177, C = 64 77 -> 143.  One warp builds a tile
+**     in four passes, slower than the tiles go, and 13 warps cap registers
+**     at 128 (one SM sub-partition holds four of them);
+**   - an epilogue that tests the mode once and reads its two map rows
+**     before the column loop (Nsight Compute put 15% of the consumer warps'
+**     samples at C = 128 in the epilogue, on per-pair row loads and mode
+**     branches; the kernel's shared loads went 216 -> 92): C = 128 130.2 ->
+**     134.8, C = 64 (tile 13) 67.2 -> 68.5, C = 32 (mma.sync) 52.4 -> 51.3. */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(a.n);
   if (tile == 14) {
