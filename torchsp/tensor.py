@@ -58,6 +58,17 @@ def check_coords_values(coords, stride):
         raise ValueError("coords: duplicate coordinates (each (batch, x, y, z) may appear once)")
 
 
+def _check_feats(feats):
+    """The checks on feats that SparseTensor's constructor and replace share: a tensor, [N, C],
+    floating point (rows and device are checked against the coordinates by each)."""
+    if not isinstance(feats, torch.Tensor):
+        raise TypeError(f"feats must be a torch.Tensor, got {type(feats).__name__}")
+    if feats.dim() != 2:
+        raise ValueError(f"feats must be [N, C], got shape {tuple(feats.shape)}")
+    if not feats.is_floating_point():
+        raise TypeError(f"feats must be a floating-point tensor, got {feats.dtype}")
+
+
 class SparseTensor:
     """Features on sparse voxel coordinates.
 
@@ -74,14 +85,9 @@ class SparseTensor:
     """
 
     def __init__(self, feats, coords, stride=1, *, cache=None, coord_key=None, check=True):
-        if not isinstance(feats, torch.Tensor):
-            raise TypeError(f"feats must be a torch.Tensor, got {type(feats).__name__}")
+        _check_feats(feats)
         if not isinstance(coords, torch.Tensor):
             raise TypeError(f"coords must be a torch.Tensor, got {type(coords).__name__}")
-        if feats.dim() != 2:
-            raise ValueError(f"feats must be [N, C], got shape {tuple(feats.shape)}")
-        if not feats.is_floating_point():
-            raise TypeError(f"feats must be a floating-point tensor, got {feats.dtype}")
         if coords.dim() != 2 or coords.shape[1] != 4:
             raise ValueError(
                 f"coords must be [N, 4] (batch, x, y, z), got shape {tuple(coords.shape)}"
@@ -139,12 +145,9 @@ class SparseTensor:
         Checks what can change (type, shape, dtype kind, device) and skips the constructor's
         coordinate and stride handling, a few us of Python that every nonlinearity and
         normalisation layer call paid."""
-        if not isinstance(feats, torch.Tensor):
-            raise TypeError(f"feats must be a torch.Tensor, got {type(feats).__name__}")
-        if feats.dim() != 2 or feats.shape[0] != self.feats.shape[0]:
+        _check_feats(feats)
+        if feats.shape[0] != self.feats.shape[0]:
             raise ValueError(f"replace: feats must be [{self.feats.shape[0]}, C], got shape {tuple(feats.shape)}")
-        if not feats.is_floating_point():
-            raise TypeError(f"feats must be a floating-point tensor, got {feats.dtype}")
         if feats.device != self.coords.device:
             raise ValueError(f"feats is on {feats.device} but coords is on {self.coords.device}")
         if _tracing():  # traced code takes the constructor (SparseTensor._derived)
