@@ -235,6 +235,40 @@ def test_ws_tiles_whole_scan(cin, cout):
             assert torch.equal(y, y2), (a, "not deterministic")
 
 
+@needs_cuda
+def test_ws_tiles_more_launches_than_counters():
+    """Tiles 14 and 15 take their tiles from a counter the weight image kernel zeroes, one per
+    main launch of a pass, 64 of them (csrc/cuda/conv.cu WS_COUNTERS); launches beyond the 64th
+    share the last counter and zero it with a memset first.  A weight-stationary plan cut into
+    3 pieces per offset (81 segments at 3x3x3, ~80 launches per pass) on a real LiDAR crop, for
+    forward and dgrad, against the fp64 gather reference: a counter left at a previous launch's
+    count would skip that launch's tiles (poisoned output), a shared one race."""
+    geom = torchsp.kmap.ConvGeometry(3)
+    x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, 64, 64,
+                                                                   torch.float16)
+    for tile in (14, 15):
+        a = [1, tile, 0, 0]
+        plans = []
+        for which in ("fwd", "dgrad"):
+            seq, segs = pass_plan(km, which, a, geom, x.feats.dtype)
+            cut = []
+            for i in range(0, len(segs), 4):
+                start, count, bits, _ = segs[i:i + 4]
+                edges = [start + count * j // 3 for j in range(4)]
+                for lo, hi in zip(edges[:-1], edges[1:]):
+                    if hi > lo:
+                        cut += [lo, hi - lo, bits, 0]
+            assert len(cut) // 4 > 64, len(cut) // 4
+            plans.append((seq, cut))
+        (order, segs), (order_t, segs_t) = plans
+        _poison_cache()
+        y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+        _poison_cache()
+        dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
+        assert rel_err(y, want_y) <= TOL[x.feats.dtype], (tile, rel_err(y, want_y))
+        assert rel_err(dx, want_dx) <= TOL[x.feats.dtype], (tile, rel_err(dx, want_dx))
+
+
 @pytest.mark.parametrize("device,tile", [("cpu", 0)] + [pytest.param("cuda", t, marks=needs_cuda)
                                                           for t in (0, 3, 12, 13, 15)])
 def test_misaligned_operands(device, tile):

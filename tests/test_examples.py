@@ -53,8 +53,9 @@ def test_bench_tools_run_on_cpu():
     if not any(os.path.exists(p) for p in data):
         pytest.skip("needs shared/data/lidar_198k.npz")
     out = _run_tool("bench.py", "--device", "cpu", "--dtype", "fp32", "--voxel-scale", "20", "--iters", "1",
-                    "--warmup", "0", "--peers", "none", "--layers", "subm3_c32", "--algos", "0", "auto")
+                    "--warmup", "0", "--peers", "none", "--layers", "subm3_c32", "--algos", "0", "auto", "--zero-grad")
     assert "torchsp auto" in out and "tuned fwd" in out and "# compact" in out
+    assert "with .grad set to None before each call" in out
     out = _run_tool("bench_models.py", "--device", "cpu", "--dtype", "float32", "--voxel-size", "1.0",
                     "--repeats", "1", "--models", "resnet21d", "--fixed", "os-sorted")
     assert "search: end-to-end forward" in out and "ratio" in out

@@ -13,7 +13,9 @@ Python call a user makes, median of --iters after --warmup:
   fwd op   torch.ops.torchsp.conv_fwd(...) alone (the forward's GPU time where Python is the bound)
   dgrad    torch.ops.torchsp.conv_dgrad(dy, w, nbmap_t, algo)
   wgrad    torch.ops.torchsp.conv_wgrad(x, dy, nbmap, algo, pairs, starts) (the map's cached pair list)
-  fwd+bwd  y = sparse_conv3d(...); y.feats.backward(dy)   (feats and weight require grad)
+  fwd+bwd  y = sparse_conv3d(...); y.feats.backward(dy)   (feats and weight require grad; their
+           .grad accumulates call to call, or with --zero-grad is set to None before each call,
+           as a training step's optimizer.zero_grad() does: every implementation alike)
 Floor of a phase: max(F / PEAK, B / 3.0 TB/s), F = 2 * pairs * Cin * Cout (x3 for fwd+bwd),
 B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * N_out * V (x3 for fwd+bwd), e = element size,
 pairs = nbmap entries >= 0, PEAK = 790 TFLOP/s (fp16/bf16) or 438 (fp32, tf32).
@@ -184,6 +186,10 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--voxel-scale", type=float, default=1.0, help="multiply voxel sizes (CPU smoke tests)")
+    ap.add_argument("--zero-grad", action="store_true",
+                    help="fwd+bwd: set feats' and weight's .grad to None before each call (torch's "
+                         "zero_grad default), so backward stores the gradients instead of adding "
+                         "them into .grad; torchsp and every peer alike")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG bar plot (matplotlib, imported lazily)")
     args = ap.parse_args()
@@ -205,9 +211,10 @@ def main():
     probe = peerlib.probe() if peer_names else {}
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
            else "cpu", "dtype": args.dtype, "iters": args.iters, "data": os.path.basename(args.data),
-           "voxel_scale": args.voxel_scale, "peers": probe}
+           "voxel_scale": args.voxel_scale, "zero_grad": args.zero_grad, "peers": probe}
     print(f"# bench: {env['device']}, torch {env['torch']}, {args.dtype}, median of {args.iters}, "
-          f"{env['data']} (voxel sizes x{args.voxel_scale})")
+          f"{env['data']} (voxel sizes x{args.voxel_scale}), fwd+bwd "
+          f"{'with .grad set to None before each call' if args.zero_grad else 'accumulating into .grad'}")
     for p, v in probe.items():
         print(f"#   peer {p}: {v}")
     peak = PEAK[dtype]
@@ -276,6 +283,8 @@ def main():
                 wg = w.detach().clone().requires_grad_(True)
 
                 def fb():
+                    if args.zero_grad:
+                        xf.grad = wg.grad = None
                     conv(xf, wg).feats.backward(dy)
                 rec["fwdbwd_us"] = timeit(fb, args.iters, args.warmup, device)
             except Exception as e:  # noqa: BLE001
@@ -291,7 +300,12 @@ def main():
                     rec["fwd_us"] = timeit(lambda: pl.forward(x.feats), args.iters, args.warmup, device)
                 xf = x.feats.detach().clone().requires_grad_(True)
                 pw.requires_grad_(True)
-                rec["fwdbwd_us"] = timeit(lambda: pl.fwd_bwd(xf, pw, dy), args.iters, args.warmup, device)
+
+                def peer_fb():
+                    if args.zero_grad:
+                        xf.grad = pw.grad = None
+                    pl.fwd_bwd(xf, pw, dy)
+                rec["fwdbwd_us"] = timeit(peer_fb, args.iters, args.warmup, device)
                 rec["note"] = pl.note
             except peerlib.PeerUnavailable as e:
                 rec["note"] = f"n/a ({e})"

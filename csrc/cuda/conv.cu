@@ -161,6 +161,10 @@ static int tf32_asked(tsp_dtype dtype, int tile) {
 
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
+/* Tile counters of tiles 14 and 15 in the 256 bytes after the weight image:
+** one per main launch of a pass (segments), the image kernel zeroes them. */
+enum { WS_COUNTERS = 256 / sizeof(int32_t) };
+
 /* Split-K's runs per tile (TSP_DATAFLOW_SPLIT_K, the shim checks 2 .. TSP_SPLIT_K_MAX); 1: none. */
 static int split_k(tsp_algo algo) {
   if (algo.dataflow != TSP_DATAFLOW_SPLIT_K || algo.split < 2) return 1;
@@ -175,7 +179,7 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->algo.tile);
   if (is_ws_tile(tile))
-    bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n)) + 256; /* + tile counter */
+    bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n)) + 256; /* + tile counters */
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0)
@@ -254,10 +258,13 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   if (kind == OS_WGMMA && is_ws_tile(tile)) { /* both passes: the weight image first */
     const size_t wbytes = align256(tsp_conv_wgmma_ws_image_bytes(a.volume, a.red, n));
     if (ws == NULL || workspace_bytes < wbytes + 256) return TSP_ERR_ARGUMENT;
-    tsp_status s = tsp_conv_wgmma_ws_image(dtype, &a, transposed_w, ws);
+    /* the image kernel also zeroes one tile counter per main launch (WS_COUNTERS) */
+    tsp_status s = tsp_conv_wgmma_ws_image(dtype, &a, transposed_w, ws, (int32_t *)(ws + wbytes),
+                                           WS_COUNTERS);
     if (s != TSP_OK) return s;
     a.w = ws;
     a.tile_counter = (int32_t *)(ws + wbytes);
+    a.counter_zeroed = 1;
     used = wbytes + 256;
   } else if (kind == OS_WGMMA && !transposed_w && !tsp_conv_wgmma_reads_mn(tile)) {
     /* forward on tiles 6-10: K-major copy of w first */
@@ -302,11 +309,16 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   if (last < 0) /* no segment sums anything */
     return tsp_cuda_check(cudaMemsetAsync(a.out, 0, (size_t)(rows * n) * element_bytes(dtype), stream),
                           "tsp_conv: zero output");
-  int started = 0, finished = 0;
+  int started = 0, finished = 0, launches = 0;
   for (int i = 0; i <= last; ++i) {
     const tsp_segment *g = &segs[i];
     if (g->count == 0 || g->offsets == 0) continue;
     tsp_os_launch sa = a;
+    if (a.tile_counter) { /* a counter of its own, zeroed by the image kernel while there are */
+      sa.tile_counter = a.tile_counter + (launches < WS_COUNTERS ? launches : WS_COUNTERS - 1);
+      sa.counter_zeroed = launches < WS_COUNTERS;
+      ++launches;
+    }
     sa.order = base->order + g->start;
     sa.tile_rows = g->count;
     sa.offsets = g->offsets;

@@ -173,12 +173,15 @@ typedef struct {
   float *accum;        /* [rows, n] fp32 partial sums (modes other than STORE) */
   int mode;            /* TSP_EPI_* */
   int32_t *tile_counter; /* tiles 14 and 15: a device int the blocks take further tiles
-                            from (the launcher zeroes it first); NULL elsewhere */
+                            from (zero at launch: counter_zeroed below, or the launcher's
+                            memset); NULL elsewhere */
   int splits;          /* split-K: > 1 cuts each tile's offsets into this many runs, block
                           (tile, s) writing its sums to accum + s * rows * n in `mode`
                           (TSP_EPI_ACC_INIT); 0 or 1: none */
   int plan;            /* order is a tile plan (tsp_conv_problem.order_plan): the order
                           [tile_rows], then the map rows in that order [tile_rows, volume] */
+  int counter_zeroed;  /* tiles 14 and 15: *tile_counter is 0 already (the weight image
+                          kernel zeroed it), so the launcher skips its memset launch */
 } tsp_os_launch;
 
 /* The map rows of a launch's tile plan, in tile order, or NULL (conv_tile.cuh). */
@@ -212,7 +215,9 @@ tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const vo
 ** warp-specialized tiles 14 and 15
 ** (conv_wgmma_ws.cu) read an image of the weights that
 ** tsp_conv_wgmma_ws_image writes (both passes; `transposed_w` as for the
-** launchers above) into tsp_conv_wgmma_ws_image_bytes. */
+** launchers above) into tsp_conv_wgmma_ws_image_bytes, and zeroes the
+** n_counters ints at `counters` (the launches' tile counters) in the same
+** launch: on a virtualised host each launch costs the host ~10 us. */
 size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n);
 int tsp_conv_wgmma_available(void); /* sm_90a build on an sm_90 device */
 tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
@@ -222,7 +227,7 @@ tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, 
 size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n);
 tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w,
-                                   void *img);
+                                   void *img, int32_t *counters, int n_counters);
 tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 
 /* wgrad on wgmma (conv_wgmma_wgrad.cu; sm_90a builds on sm_90 devices, fp16 /

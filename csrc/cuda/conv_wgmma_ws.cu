@@ -340,7 +340,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 enum { WS_IMG_THREADS = 256, WS_IMG_PITCH = 256 + 2 }; /* pitch: odd in 4-byte words, few bank conflicts */
 __global__ void __launch_bounds__(WS_IMG_THREADS)
     ws_image_kernel(const uint16_t *__restrict__ w, int volume, int red, int n, int transposed,
-                    int bn, int chunks, uint16_t *__restrict__ img) {
+                    int bn, int chunks, uint16_t *__restrict__ img, int32_t *__restrict__ counters,
+                    int n_counters) {
   __shared__ uint16_t s[64 * WS_IMG_PITCH]; /* forward: [reduced channel][produced channel] */
   const int64_t blk = blockIdx.x; /* ((t V + k) chunks + ch) */
   const int ch = (int)(blk % chunks);
@@ -348,6 +349,8 @@ __global__ void __launch_bounds__(WS_IMG_THREADS)
   const int c0 = ch * 64, j0 = t * bn, pieces = bn * 8; /* 16-byte pieces of one image */
   uint4 *dst = (uint4 *)(img + blk * bn * 64);
   const uint4 zero = make_uint4(0, 0, 0, 0); /* +0.0 in fp16 and bf16 */
+  if (blk == 0) /* the main launches' tile counters: stream order makes the zeros visible to them */
+    for (int i = threadIdx.x; i < n_counters; i += WS_IMG_THREADS) counters[i] = 0;
   if (transposed) {
     for (int i = threadIdx.x; i < pieces; i += WS_IMG_THREADS) {
       const int j = i >> 3, c = ((((i & 7) ^ j) & 7) << 3); /* piece i: chunk i % 8 of row j */
@@ -400,9 +403,11 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   if (s != TSP_OK) return s;
   const int64_t per_wave = (int64_t)(sms > 0 ? sms : 1) * MINB;
   const int64_t blocks = tiles < per_wave ? tiles : per_wave;
-  s = tsp_cuda_check(cudaMemsetAsync(a.tile_counter, 0, sizeof(int32_t), a.stream),
-                     "tsp_conv_wgmma_ws: zero the tile counter");
-  if (s != TSP_OK) return s;
+  if (!a.counter_zeroed) {
+    s = tsp_cuda_check(cudaMemsetAsync(a.tile_counter, 0, sizeof(int32_t), a.stream),
+                       "tsp_conv_wgmma_ws: zero the tile counter");
+    if (s != TSP_OK) return s;
+  }
   wgmma_ws_kernel<T, BN, STAGES, PW, MINB><<<(unsigned)blocks, WS_CONSUMERS + 32 * PW, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
       (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter, (int)tiles,
@@ -457,7 +462,10 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **     before the column loop (Nsight Compute put 15% of the consumer warps'
 **     samples at C = 128 in the epilogue, on per-pair row loads and mode
 **     branches; the kernel's shared loads went 216 -> 92): C = 128 130.2 ->
-**     134.8, C = 64 (tile 13) 67.2 -> 68.5, C = 32 (mma.sync) 52.4 -> 51.3. */
+**     134.8, C = 64 (tile 13) 67.2 -> 68.5, C = 32 (mma.sync) 52.4 -> 51.3;
+**   - the tile counter read a tile ahead (its atomic issued while the
+**     current tile is built, 2026-11-25): main kernel C = 128 fwd 129.4 /
+**     130.1 -> 132.5 / 132.3, dgrad 129.2 / 130.2 -> 131.7 / 132.1. */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(a.n);
   if (tile == 14) {
@@ -496,9 +504,9 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
 }
 
 tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w,
-                                   void *img) {
+                                   void *img, int32_t *counters, int n_counters) {
 #ifndef TSP_WGMMA
-  (void)dtype, (void)a, (void)transposed_w, (void)img;
+  (void)dtype, (void)a, (void)transposed_w, (void)img, (void)counters, (void)n_counters;
   return TSP_ERR_UNSUPPORTED;
 #else
   if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
@@ -508,11 +516,16 @@ tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int 
   const int bn = ws_bn(a->n);
   const int chunks = (int)((a->red + 63) / 64);
   const int64_t images = a->volume * chunks * ((a->n + bn - 1) / bn); /* one block each */
-  if (images <= 0) return TSP_OK;
+  if (n_counters < 0 || (n_counters > 0 && counters == NULL)) return TSP_ERR_ARGUMENT;
   if (images > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+  if (images <= 0)
+    return n_counters == 0 ? TSP_OK
+                           : tsp_cuda_check(cudaMemsetAsync(counters, 0, (size_t)n_counters * sizeof(int32_t),
+                                                            a->stream),
+                                            "tsp_conv_wgmma_ws_image: zero the tile counters");
   ws_image_kernel<<<(unsigned)images, WS_IMG_THREADS, 0, a->stream>>>(
       (const uint16_t *)a->w, (int)a->volume, (int)a->red, (int)a->n, transposed_w, bn, chunks,
-      (uint16_t *)img);
+      (uint16_t *)img, counters, n_counters);
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws_image");
 #endif
 }
