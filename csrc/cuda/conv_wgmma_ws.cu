@@ -516,13 +516,9 @@ tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int 
   const int bn = ws_bn(a->n);
   const int chunks = (int)((a->red + 63) / 64);
   const int64_t images = a->volume * chunks * ((a->n + bn - 1) / bn); /* one block each */
-  if (n_counters < 0 || (n_counters > 0 && counters == NULL)) return TSP_ERR_ARGUMENT;
+  /* volume, red and n are >= 1 (conv.cu), so there is an image, and its block 0 zeroes the counters */
+  if (images <= 0 || n_counters < 0 || (n_counters > 0 && counters == NULL)) return TSP_ERR_ARGUMENT;
   if (images > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  if (images <= 0)
-    return n_counters == 0 ? TSP_OK
-                           : tsp_cuda_check(cudaMemsetAsync(counters, 0, (size_t)n_counters * sizeof(int32_t),
-                                                            a->stream),
-                                            "tsp_conv_wgmma_ws_image: zero the tile counters");
   ws_image_kernel<<<(unsigned)images, WS_IMG_THREADS, 0, a->stream>>>(
       (const uint16_t *)a->w, (int)a->volume, (int)a->red, (int)a->n, transposed_w, bn, chunks,
       (uint16_t *)img, counters, n_counters);
