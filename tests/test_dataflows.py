@@ -202,10 +202,12 @@ def test_dataflow_real_scan(cin, cout):
 @needs_cuda
 @pytest.mark.parametrize("cin,cout", [(64, 64), (72, 136), (128, 256)])
 def test_ws_tiles_whole_scan(cin, cout):
-    """The warp-specialized tiles 14 and 15 (conv_wgmma_ws.cu: producer warps read each offset's
+    """The warp-specialized tiles 14, 15 and 16 (conv_wgmma_ws.cu: producer warps read each offset's
     map entries once, tile buffers and barriers handed between producers and consumers, a tile
     counter that hands a persistent grid its tiles, every consumer warp arriving on each stage it
-    leaves; the weight image in 16-byte pieces) on the whole sweep at 0.2 m (67k voxels, 525 row
+    leaves; tile 16's consumer warpgroups taking turns, each on its own tiles, and tile 16 at
+    Cout = 256 falling back to a kernel that takes it; the weight image in 16-byte pieces) on
+    the whole sweep at 0.2 m (67k voxels, 525 row
     tiles, more than the 132 SMs).
     Forward and dgrad, as a plain pass, as segmented passes (mask splits S = 2 add partial
     sums; hybrid t = 1) and split-K (S = 3: three runs per tile in the counter's order), against
@@ -221,7 +223,7 @@ def test_ws_tiles_whole_scan(cin, cout):
     dy = randn(c.shape[0], cout, dtype=dtype, device="cuda", seed=3)
     want_y = ref.gather_conv(x.feats, km.nbmap, w)  # fp64 on the GPU
     want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
-    for tile in (14, 15):
+    for tile in (14, 15, 16):
         for a in ([0, tile, 0, 0], [0, tile, 2, 0], [2, tile, 0, 1], [3, tile, 3, 0]):
             order, segs = pass_plan(km, "fwd", a, geom)
             order_t, segs_t = pass_plan(km, "dgrad", a, geom)
@@ -237,7 +239,7 @@ def test_ws_tiles_whole_scan(cin, cout):
 
 @needs_cuda
 def test_ws_tiles_more_launches_than_counters():
-    """Tiles 14 and 15 take their tiles from a counter the weight image kernel zeroes, one per
+    """Tiles 14, 15 and 16 take their tiles from a counter the weight image kernel zeroes, one per
     main launch of a pass, 64 of them (csrc/cuda/conv.cu WS_COUNTERS); launches beyond the 64th
     share the last counter and zero it with a memset first.  81 segments (each offset alone, over
     each third of the mask-ordered rows: every (row, offset) pair summed once), so ~80 launches
@@ -257,7 +259,7 @@ def test_ws_tiles_more_launches_than_counters():
     assert n // 3 > 132 * 128, n  # each segment has more row tiles than an H100 has SMs
     segs = [v for k in range(27) for j in range(3) for v in (j * n // 3, (j + 1) * n // 3 - j * n // 3, 1 << k, 0)]
     order, order_t = torchsp.kmap.mask_order(km.nbmap), torchsp.kmap.mask_order(km.nbmap_t)
-    for tile in (14, 15):
+    for tile in (14, 15, 16):
         a = [0, tile, 0, 0]
         _poison_cache()
         y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs)

@@ -109,10 +109,10 @@ static tsp_status check_problem(const tsp_conv_problem *p) {
 static size_t element_bytes(tsp_dtype dtype) { return dtype == TSP_FLOAT32 ? 4 : 2; }
 
 /* algo.tile values served by conv_wgmma.cu (sm_90a builds); others by conv_implicit_gemm.cu. */
-static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 15 && tile != TSP_TILE_TF32; }
+static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 16 && tile != TSP_TILE_TF32; }
 
 /* The warp-specialized wgmma tiles (conv_wgmma_ws.cu), which read a weight image. */
-static int is_ws_tile(int tile) { return tile == 14 || tile == 15; }
+static int is_ws_tile(int tile) { return tile == 14 || tile == 15 || tile == 16; }
 
 static int fast_dtype(tsp_dtype dtype) {
   return dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16;
@@ -120,16 +120,23 @@ static int fast_dtype(tsp_dtype dtype) {
 
 /* algo.tile 0 ("the kernel's default") of an fp16/bf16 pass with red input and
 ** n produced channels, where each measured fastest (sm_90a build on an sm_90
-** device, both channel counts >= 64; H100, lidar_198k, fwd us): n > 64 the
-** warp-specialized tile 15 since its producers issue straight-line copies
+** device, both channel counts >= 64; H100, lidar_198k, main kernel us):
+** 64 < n <= 128 the ping-pong tile 16 where its two tile buffers fit
+** (2026-11-25, same run, two rounds: C = 128 fwd 115.4 / 114.4 against 130.1
+** / 129.2 for tile 15, dgrad 114.9 / 114.0 against 130.2 / 129.9; the op call
+** 122.7 / 122.1 against 137.9 / 165.1), else n > 64 the warp-specialized tile 15
 ** (2026-11-24, one run: C = 128 157 vs 199 for tile 12, dgrad 155 vs 194;
 ** C = 256 312-338 vs 420 before), n = 64 tile 13 (C = 64: 84 vs 111 for
-** tile 15, 102 for tile 15 at two blocks per SM, 126 for 12, 139 mma.sync);
+** tile 15, 102 for tile 15 at two blocks per SM, 126 for 12, 139 mma.sync;
+** tile 16's main kernel beat it, 65.3 / 65.2 against 66.9 / 67.9, but its
+** op call lost, 71.6 / 73.4 against 69.6 / 69.3: tile 13 reads w as it is,
+** tile 16 first writes the weight image);
 ** else mma.sync, which stays faster at C = 32 (56 vs 107 for tile 15, 114
 ** for wgmma tile 9). */
-static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int tile) {
+static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int64_t volume, int tile) {
   if (tile != 0 || !fast_dtype(dtype) || red < 64 || n < 64 || !tsp_conv_wgmma_available())
     return tile;
+  if (n > 64 && tsp_conv_wgmma_pingpong_fits(n, volume)) return 16;
   return n > 64 ? 15 : 13;
 }
 
@@ -161,7 +168,7 @@ static int tf32_asked(tsp_dtype dtype, int tile) {
 
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-/* Tile counters of tiles 14 and 15 in the 256 bytes after the weight image:
+/* Tile counters of tiles 14-16 in the 256 bytes after the weight image:
 ** one per main launch of a pass (segments), the image kernel zeroes them. */
 enum { WS_COUNTERS = 256 / sizeof(int32_t) };
 
@@ -172,12 +179,12 @@ static int split_k(tsp_algo algo) {
 }
 
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
-** of w (tiles 6-10; 14 and 15: the weight image and the blocks' tile counter), then
+** of w (tiles 6-10; 14-16: the weight image and the blocks' tile counter), then
 ** fp32 partial sums: [rows, n] for segmented plans, [splits, rows, n] for
 ** split-K. */
 static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n, int n_segs) {
   size_t bytes = 0;
-  const int tile = resolve_tile(p->dtype, red, n, p->algo.tile);
+  const int tile = resolve_tile(p->dtype, red, n, p->volume, p->algo.tile);
   if (is_ws_tile(tile))
     bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n)) + 256; /* + tile counters */
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
@@ -241,7 +248,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
                                           stream),
                           "tsp_conv: zero output");
   tsp_os_launch a = *base;
-  const int tile = resolve_tile(dtype, a.red, n, algo.tile);
+  const int tile = resolve_tile(dtype, a.red, n, a.volume, algo.tile);
   os_kernel kind = OS_SIMPLE;
   if (fast_dtype(dtype) && is_wgmma_tile(tile) && tsp_conv_wgmma_check(dtype, &a, tile) == TSP_OK)
     kind = OS_WGMMA;

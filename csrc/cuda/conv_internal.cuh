@@ -172,7 +172,7 @@ typedef struct {
   uint64_t offsets;    /* bit k: offset k takes part (~0: all) */
   float *accum;        /* [rows, n] fp32 partial sums (modes other than STORE) */
   int mode;            /* TSP_EPI_* */
-  int32_t *tile_counter; /* tiles 14 and 15: a device int the blocks take further tiles
+  int32_t *tile_counter; /* tiles 14-16: a device int the blocks take further tiles
                             from (zero at launch: counter_zeroed below, or the launcher's
                             memset); NULL elsewhere */
   int splits;          /* split-K: > 1 cuts each tile's offsets into this many runs, block
@@ -180,7 +180,7 @@ typedef struct {
                           (TSP_EPI_ACC_INIT); 0 or 1: none */
   int plan;            /* order is a tile plan (tsp_conv_problem.order_plan): the order
                           [tile_rows], then the map rows in that order [tile_rows, volume] */
-  int counter_zeroed;  /* tiles 14 and 15: *tile_counter is 0 already (the weight image
+  int counter_zeroed;  /* tiles 14-16: *tile_counter is 0 already (the weight image
                           kernel zeroed it), so the launcher skips its memset launch */
 } tsp_os_launch;
 
@@ -212,7 +212,7 @@ tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const vo
 ** a K-major copy with tsp_conv_wgmma_weights into tsp_conv_wgmma_workspace
 ** bytes and passes it as a->w.  Tiles 12 and 13 (tsp_conv_wgmma_reads_mn) also
 ** read the forward's [volume, red, n] as stored (k_major = 0).  The
-** warp-specialized tiles 14 and 15
+** warp-specialized tiles 14-16
 ** (conv_wgmma_ws.cu) read an image of the weights that
 ** tsp_conv_wgmma_ws_image writes (both passes; `transposed_w` as for the
 ** launchers above) into tsp_conv_wgmma_ws_image_bytes, and zeroes the
@@ -226,6 +226,9 @@ int tsp_conv_wgmma_reads_mn(int tile);
 tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major);
 size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n);
 tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
+/* Whether the ping-pong tile 16 takes n produced channels at this kernel volume
+** (n <= 128, two tile buffers in shared memory); 0 without sm_90a code. */
+int tsp_conv_wgmma_pingpong_fits(int64_t n, int64_t volume);
 tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w,
                                    void *img, int32_t *counters, int n_counters);
 tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);

@@ -1,6 +1,6 @@
 /*
 ** conv_wgmma_ws.cu: the output-stationary forward and dgrad of
-** conv_wgmma.cu, warp-specialized (algo.tile 14 and 15; sm_90a, fp16/bf16,
+** conv_wgmma.cu, warp-specialized (algo.tile 14, 15 and 16; sm_90a, fp16/bf16,
 ** fp32 accumulation).  Same problem, map handling, row order and result:
 ** out[r] = sum_k src[map[r, k]] @ W_k.
 **
@@ -38,6 +38,10 @@
 ** behind and, at the tile's end, waited for a phase that never came.  That
 ** was the hang of 2026-11-24 (MinkUNet's tuner, batch 4, a hybrid forward of
 ** a 42197-row 128 -> 256 layer).
+**
+** Tile 16 (ping-pong, n <= 128) keeps the producers and stages but gives each
+** consumer warpgroup whole tiles, every other one of the block, which it
+** builds itself; see the PP branch of the kernel.
 */
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TSP_WGMMA_DEVICE 1
@@ -127,6 +131,7 @@ static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uin
 /* ------------------------------------------------------------ kernel --- */
 
 enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256, WS_STAGES = 4, WS_TILE_BAR = 1 };
+enum { WS_PINGPONG_TILE = 16 }; /* algo.tile of the ping-pong consumers (n <= 128) */
 enum { WS_SMEM_MAX = 232448 }; /* sm_90's dynamic shared memory per block */
 
 /* Columns per block for n produced channels (both tiles); the weight image is laid out for it. */
@@ -135,8 +140,22 @@ static int ws_bn(int64_t n) { return n <= 64 ? 64 : n <= 128 ? 128 : 256; }
 /* Stages, their barriers, the tile barriers and `tbufs` tile buffers (conv_tile.cuh). */
 static size_t ws_smem_bytes(int bn, int stages, int volume, int tbufs) {
   return 1024 /* stage alignment */ + (size_t)stages * (WS_BM + bn) * WS_BK * 2 +
-         (size_t)stages * 16 /* full, empty */ + 32 /* tile_full, tile_free */ +
+         (size_t)stages * 16 /* full, empty */ + 64 /* tile_full, tile_free, mma_done, g_next */ +
          (size_t)tbufs * tsp_tile_smem_bytes(WS_BM, volume);
+}
+
+/* Ping-pong registers per thread after the launch's 168 (setmaxnreg; 128 x 56
+** + 256 x 224 = 64512 of the SM's 65536): the consumers hold two accumulators
+** (128 floats at n = 128) and build tiles, and spilled at 168 (ptxas: 124
+** bytes); the producers only copy. */
+enum { WS_PP_PRODUCER_REGS = 56, WS_PP_CONSUMER_REGS = 224 };
+template <bool INC, int N> static __device__ __forceinline__ void ws_set_max_regs() {
+#ifdef TSP_WGMMA_DEVICE
+  if (INC)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+  else
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
 }
 
 /* The index of the next tile a block takes: word 1 of a tile buffer's count. */
@@ -145,8 +164,9 @@ static __device__ __forceinline__ int32_t *ws_tile_index(const tsp_tile_smem &t)
 /* src [src_rows, red]; wimg: ws_image_kernel's stage images; out [rows, n];
 ** next_tile: a zeroed counter; `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
 ** Split-K (splits > 1): tile t is run t % splits of row/column tile t / splits
-** (tsp_tile_origin_split's order), its sums in accum + run * rows * n. */
-template <typename T, int BN, int STAGES, int PW, int MINB>
+** (tsp_tile_origin_split's order), its sums in accum + run * rows * n.
+** PP (tile 16, needs tbufs == 2): ping-pong consumers, see ws_consume_pingpong. */
+template <typename T, int BN, int STAGES, int PW, int MINB, bool PP>
 __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     wgmma_ws_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ wimg,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
@@ -160,24 +180,32 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   T *s_a = (T *)(smem_raw + ((1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023));
   T *s_b = s_a + STAGES * A_STAGE; /* stages are multiples of 1024 bytes */
   uint64_t *full = (uint64_t *)(s_b + STAGES * B_STAGE), *empty = full + STAGES;
-  uint64_t *tile_full = empty + STAGES, *tile_free = tile_full + 2;
+  uint64_t *tile_full = empty + STAGES, *tile_free = tile_full + 2, *mma_done = tile_free + 2;
+  /* PP: g_next[i % 2], tile i's first step (a warpgroup writes tile i + 1's
+  ** while warps of its own may still read tile i's: two slots); next_idx[wg],
+  ** each warpgroup's next tile index */
+  int32_t *g_next = (int32_t *)(mma_done + 2), *next_idx = g_next + 2;
   const size_t tile_bytes = tsp_tile_smem_bytes(BM, volume);
-  unsigned char *tile_base = (unsigned char *)(tile_free + 2);
+  unsigned char *tile_base = (unsigned char *)(mma_done + 2) + 16;
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mb_init(&full[s], PT + 1); /* every producer thread's copies, plus B's expect_tx */
-      mb_init(&empty[s], WS_CONSUMERS / 32); /* one arrival per consumer warp */
+      /* one arrival per consumer warp (PP: of the one warpgroup that owns the step's tile) */
+      mb_init(&empty[s], PP ? 4 : WS_CONSUMERS / 32);
     }
     for (int b = 0; b < 2; ++b) {
-      mb_init(&tile_full[b], PT);          /* every producer thread, its tile writes done */
-      mb_init(&tile_free[b], WS_CONSUMERS); /* every consumer thread, done reading the tile */
+      mb_init(&tile_full[b], PP ? 128 : PT); /* every thread that built the tile, its writes done */
+      /* every consumer thread done reading the tile (PP: every producer thread) */
+      mb_init(&tile_free[b], PP ? PT : WS_CONSUMERS);
+      mb_init(&mma_done[b], 128); /* PP: each thread of warpgroup b, done waiting on its tile's stages */
     }
   }
   __syncthreads(); /* publishes the barriers; the last block-wide barrier */
   const int chunks = (red + BK - 1) / BK;
 
   if (tid >= WS_CONSUMERS) { /* producer warps */
+    if (PP) ws_set_max_regs<false, WS_PP_PRODUCER_REGS>();
     /* Producer thread p copies 16-byte chunk cc of rows r_it = p / 8 + (PT / 8) it
     ** of every stage.  It reads its rows' map entries once per offset, not once
     ** per 64-channel chunk, all before the first copy, and keeps their source
@@ -193,20 +221,28 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     for (int i = 0;; ++i) {
       const int tb = i % tbufs;
       const tsp_tile_smem tile = tsp_tile_smem_at(tile_base + tb * tile_bytes, BM, volume);
-      mb_wait(&tile_free[tb], ((i / tbufs) & 1) ^ 1); /* its previous tile's epilogue is done */
-      if (p == 0) *ws_tile_index(tile) = i == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(next_tile, 1);
-      tsp_tile_sync<WS_TILE_BAR, PT>();
-      const int t = *ws_tile_index(tile);
-      if (t >= tiles) { /* no tile left: tell the consumers, and stop */
-        mb_arrive(&tile_full[tb]);
-        break;
-      }
+      int t;
       int64_t row0;
       int n0;
-      tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
-      tsp_tile_offsets_by<BM, PT, WS_TILE_BAR>(map, order, plan_map, rows, tile_rows, row0, volume, offsets,
-                                                src_rows, tile, p, t % splits, splits);
-      mb_arrive(&tile_full[tb]); /* release: the consumers see the tile */
+      if (PP) { /* tile i is built by consumer warpgroup tb (ws_pingpong below) */
+        mb_wait(&tile_full[tb], (i / 2) & 1);
+        t = *ws_tile_index(tile);
+        if (t >= tiles) break; /* so are all later tiles */
+        tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
+      } else {
+        mb_wait(&tile_free[tb], ((i / tbufs) & 1) ^ 1); /* its previous tile's epilogue is done */
+        if (p == 0) *ws_tile_index(tile) = i == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(next_tile, 1);
+        tsp_tile_sync<WS_TILE_BAR, PT>();
+        t = *ws_tile_index(tile);
+        if (t >= tiles) { /* no tile left: tell the consumers, and stop */
+          mb_arrive(&tile_full[tb]);
+          break;
+        }
+        tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
+        tsp_tile_offsets_by<BM, PT, WS_TILE_BAR>(map, order, plan_map, rows, tile_rows, row0, volume, offsets,
+                                                  src_rows, tile, p, t % splits, splits);
+        mb_arrive(&tile_full[tb]); /* release: the consumers see the tile */
+      }
       const int steps = *tile.count * chunks;
       const T *wtile = wimg + (int64_t)(n0 / BN) * volume * chunks * B_STAGE;
       /* Per offset: row r_it's source (chunk cc of its first 64 channels; src
@@ -252,12 +288,171 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         mb_arrive_cp_async(&full[s]);
         if (++ch == chunks) ch = 0, ++li;
       }
+      if (PP) mb_arrive(&tile_free[tb]); /* done reading the tile: its warpgroup may build the next */
     }
     tsp_cp_async_wait<0>(); /* leave no copy of this thread in flight */
     return;
   }
 
   const int wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
+  if (PP) {
+    ws_set_max_regs<true, WS_PP_CONSUMER_REGS>();
+    /* Ping-pong (tile 16, ws_pingpong): warpgroup wg owns every other tile of
+    ** the block, all 128 rows of it (two m64 accumulators), and builds it in
+    ** tile buffer wg itself, so one warpgroup's epilogue and next tile's
+    ** build run while the other multiplies, and the producers only copy.
+    ** Why: Nsight Compute put 15% of tile 15's consumer samples at C = 128 in
+    ** the epilogue and 14% on the wait for the producers' next tile, with the
+    ** tensor cores idle (2026-11-25).
+    ** The stages stay one ring in the producers' order, so a warpgroup waits
+    ** on its tile's stages only once the other has waited on all of the
+    ** previous tile's (mma_done): every earlier phase of each `full` has then
+    ** completed, and its parity wait cannot take an older phase for the one it
+    ** wants.  Tile indices rise with i in a block: tiles 0 and 1 are blockIdx.x
+    ** and gridDim.x + blockIdx.x, tile i + 2 is taken from the counter before
+    ** tile i's mma_done, that is before tile i + 1's warpgroup takes its own.
+    ** So once one index is past the end so are the later ones: its warpgroup
+    ** hands it to the producers (tile_full) and both stop.  A warpgroup
+    ** rebuilds its buffer only after the producers are done reading it
+    ** (tile_free), even when a tile has no step to wait on. */
+    const int wt = tid & 127; /* thread in the warpgroup */
+    const tsp_tile_smem tile = tsp_tile_smem_at(tile_base + wg * tile_bytes, BM, volume);
+    if (wt == 0) next_idx[wg] = (int)blockIdx.x + wg * (int)gridDim.x;
+    for (int j = 0;; ++j) { /* this warpgroup's j-th tile, the block's tile 2 j + wg */
+      const int i = 2 * j + wg;
+      /* the epilogue's reads of the buffer are done and next_idx[wg] written */
+      if (wg == 0) tsp_tile_sync<2, 128>(); else tsp_tile_sync<3, 128>();
+      const int t = next_idx[wg];
+      if (j > 0) mb_wait(&tile_free[wg], (j - 1) & 1); /* the producers are done with tile i - 2 */
+      if (wt == 0) *ws_tile_index(tile) = t;
+      if (t >= tiles) { /* the producers stop on this index; so does this warpgroup */
+        mb_arrive(&tile_full[wg]);
+        break;
+      }
+      int64_t row0;
+      int n0;
+      tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
+      if (wg == 0)
+        tsp_tile_offsets_by<BM, 128, 2>(map, order, plan_map, rows, tile_rows, row0, volume, offsets,
+                                        src_rows, tile, wt, t % splits, splits);
+      else
+        tsp_tile_offsets_by<BM, 128, 3>(map, order, plan_map, rows, tile_rows, row0, volume, offsets,
+                                        src_rows, tile, wt, t % splits, splits);
+      mb_arrive(&tile_full[wg]); /* release: the producers see the tile */
+      if (i > 0) mb_wait(&mma_done[wg ^ 1], ((i - 1) / 2) & 1); /* tile i - 1's stages all seen */
+      int g = i > 0 ? g_next[i & 1] : 0;
+      float *const acc_out = tsp_split_accum(accum, t % splits, rows, n);
+      const int count = *tile.count, steps = count * chunks;
+      /* tile i + 2's index, before tile i + 1's warpgroup can take one */
+      const auto hand_over = [&](int g_end) {
+        if (wt == 0) {
+          next_idx[wg] = 2 * (int)gridDim.x + atomicAdd(next_tile, 1);
+          g_next[(i + 1) & 1] = g_end;
+        }
+        /* every thread: each arrival releases its own read of g_next[i % 2], which
+        ** the other warpgroup writes next (tile i + 2's first step) */
+        mb_arrive(&mma_done[wg]);
+      };
+      if (mode == TSP_EPI_ACC_ADD && count == 0) { /* adds nothing */
+        hand_over(g);
+        continue;
+      }
+      float acc0[ACC], acc1[ACC];
+#pragma unroll
+      for (int e = 0; e < ACC; ++e) acc0[e] = 0.0f, acc1[e] = 0.0f;
+      int li = 0, ch = 0;
+      for (int step = 0; step < steps; ++step, ++g) {
+        const int s = g % STAGES;
+        const uint32_t groups = tile.groups[tile.list[li]];
+        if (++ch == chunks) ch = 0, ++li;
+        mb_wait(&full[s], (g / STAGES) & 1);
+        proxy_fence(); /* the cp.async (generic proxy) writes, seen through the barrier, to wgmma */
+        const T *a_s = s_a + s * A_STAGE, *b_s = s_b + s * B_STAGE;
+        /* Which 64-row halves use the offset (warpgroup-uniform; the tile lists
+        ** only used offsets, so at least one).  Each case is one straight run of
+        ** fence, wgmma, commit and wait: wgmma under a branch of its own inside
+        ** one commit group made ptxas serialize them all (C7520). */
+        const int use = ((groups & 0xFu) ? 1 : 0) | ((groups & 0xF0u) ? 2 : 0);
+        acc_fence(acc0);
+        acc_fence(acc1);
+        if (use == 3) {
+          wg_fence();
+#pragma unroll
+          for (int ks = 0; ks < BK / 16; ++ks) {
+            wg_op<BN>::template run<T>(acc0, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
+            wg_op<BN>::template run<T>(acc1, wg_desc_sw128(a_s + 64 * BK + ks * 16),
+                                       wg_desc_sw128(b_s + ks * 16));
+          }
+          wg_commit();
+          wg_wait<1>(); /* the previous step's wgmma has read its stage */
+        } else if (use == 1) {
+          wg_fence();
+#pragma unroll
+          for (int ks = 0; ks < BK / 16; ++ks)
+            wg_op<BN>::template run<T>(acc0, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
+          wg_commit();
+          wg_wait<1>();
+        } else {
+          wg_fence();
+#pragma unroll
+          for (int ks = 0; ks < BK / 16; ++ks)
+            wg_op<BN>::template run<T>(acc1, wg_desc_sw128(a_s + 64 * BK + ks * 16),
+                                       wg_desc_sw128(b_s + ks * 16));
+          wg_commit();
+          wg_wait<1>();
+        }
+        acc_fence(acc0);
+        acc_fence(acc1);
+        if (step > 0 && lane == 0) mb_arrive(&empty[(g - 1) % STAGES]);
+      }
+      hand_over(g); /* the other warpgroup may wait on the next tile's stages */
+      wg_wait<0>();
+      acc_fence(acc0);
+      acc_fence(acc1);
+      if (steps > 0 && lane == 0) mb_arrive(&empty[(g - 1) % STAGES]);
+      /* Epilogue, in runs of 4 column groups (16 pairs of a thread) that first
+      ** add what a segmented pass reads back (tsp_tile_epilogue's two sweeps),
+      ** then write.  Why runs: with both accumulators live, one read sweep over
+      ** all 64 pairs holds 128 loaded floats too (it spilled at 168 registers);
+      ** a run's loads still overlap, and stores wait only between runs.  `half`, `jj` and `h` are constants of the unrolled loops. */
+      const bool reads = tsp_tile_reads(mode);
+      const int wmode = tsp_tile_store_mode(mode);
+      int32_t rr[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) rr[q] = tile.rows[(q >> 1) * 64 + wwarp * 16 + (lane >> 2) + (q & 1) * 8];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float *const acc = half == 0 ? acc0 : acc1;
+#pragma unroll
+        for (int j0 = 0; j0 < BN / 8; j0 += 4) {
+          if (reads) {
+#pragma unroll
+            for (int jj = j0; jj < j0 + 4; ++jj) {
+              const int col = n0 + jj * 8 + (lane & 3) * 2;
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int32_t r = rr[2 * half + h];
+                if (r >= 0 && col < n)
+                  tsp_tile_add2(acc_out, (int64_t)r * n + col, &acc[4 * jj + 2 * h], &acc[4 * jj + 2 * h + 1]);
+              }
+            }
+          }
+#pragma unroll
+          for (int jj = j0; jj < j0 + 4; ++jj) {
+            const int col = n0 + jj * 8 + (lane & 3) * 2;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int32_t r = rr[2 * half + h];
+              if (r >= 0 && col < n)
+                tsp_tile_write2(wmode, out, acc_out, (int64_t)r * n + col, acc[4 * jj + 2 * h],
+                                acc[4 * jj + 2 * h + 1]);
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
   int g = 0; /* as the producers count */
   for (int i = 0;; ++i) {
     const int tb = i % tbufs;
@@ -379,12 +574,13 @@ __global__ void __launch_bounds__(WS_IMG_THREADS)
   }
 }
 
-template <typename T, int BN, int STAGES, int PW, int MINB>
+template <typename T, int BN, int STAGES, int PW, int MINB, bool PP>
 static tsp_status launch_ws(const tsp_os_launch &a) {
   const int tbufs = ws_smem_bytes(BN, STAGES, (int)a.volume, 2) <= WS_SMEM_MAX ? 2 : 1;
+  if (PP && tbufs != 2) return TSP_ERR_UNSUPPORTED; /* tsp_conv_wgmma_ws_check refuses it first */
   const size_t smem = ws_smem_bytes(BN, STAGES, (int)a.volume, tbufs);
   static uint64_t smem_raised = 0;
-  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_ws_kernel<T, BN, STAGES, PW, MINB>, smem,
+  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP>, smem,
                                       &smem_raised, "tsp_conv_wgmma_ws");
   if (s != TSP_OK) return s;
   if (a.tile_counter == NULL) return TSP_ERR_ARGUMENT;
@@ -408,7 +604,7 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
                        "tsp_conv_wgmma_ws: zero the tile counter");
     if (s != TSP_OK) return s;
   }
-  wgmma_ws_kernel<T, BN, STAGES, PW, MINB><<<(unsigned)blocks, WS_CONSUMERS + 32 * PW, smem, a.stream>>>(
+  wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP><<<(unsigned)blocks, WS_CONSUMERS + 32 * PW, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
       (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter, (int)tiles,
       tbufs, splits);
@@ -465,17 +661,34 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **     134.8, C = 64 (tile 13) 67.2 -> 68.5, C = 32 (mma.sync) 52.4 -> 51.3;
 **   - the tile counter read a tile ahead (its atomic issued while the
 **     current tile is built, 2026-11-25): main kernel C = 128 fwd 129.4 /
-**     130.1 -> 132.5 / 132.3, dgrad 129.2 / 130.2 -> 131.7 / 132.1. */
+**     130.1 -> 132.5 / 132.3, dgrad 129.2 / 130.2 -> 131.7 / 132.1.
+** Tile 16, ping-pong (2026-11-25, same run, two rounds, main kernel us):
+**   - first with the producers still building every tile: C = 128 fwd 129.9 /
+**     130.8 against 130.2 / 130.2 for tile 15, C = 64 75.9 / 75.6 against
+**     67.0 / 67.7 for tile 13: hiding the epilogue alone gained nothing;
+**   - with each consumer warpgroup building its own tiles while the other
+**     multiplies (the producers only copy; setmaxnreg 56 / 224, no spills):
+**     C = 128 fwd 115.4 / 114.4 against 130.1 / 129.2 for tile 15, dgrad
+**     114.9 / 114.0 against 130.2 / 129.9; C = 64 fwd 65.3 / 65.2 against
+**     66.9 / 67.9 for tile 13, dgrad 65.4 / 65.3 against 66.3 / 67.1.  So
+**     the producers' tile builds, not the epilogue, held the tensor cores
+**     back; tile 16 is tile 0 for 64 < n <= 128 (conv.cu resolve_tile; at
+**     n = 64 the weight image it writes first costs more than it saves). */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(a.n);
   if (tile == 14) {
-    if (bn == 64) return launch_ws<T, 64, WS_STAGES, 2, 1>(a);
-    if (bn == 128) return launch_ws<T, 128, WS_STAGES, 2, 1>(a);
-    return launch_ws<T, 256, WS_STAGES, 2, 1>(a);
+    if (bn == 64) return launch_ws<T, 64, WS_STAGES, 2, 1, false>(a);
+    if (bn == 128) return launch_ws<T, 128, WS_STAGES, 2, 1, false>(a);
+    return launch_ws<T, 256, WS_STAGES, 2, 1, false>(a);
   }
-  if (bn == 64) return launch_ws<T, 64, WS_STAGES, 4, 1>(a);
-  if (bn == 128) return launch_ws<T, 128, WS_STAGES, 4, 1>(a);
-  return launch_ws<T, 256, WS_STAGES, 4, 1>(a);
+  if (tile == WS_PINGPONG_TILE) { /* two m64nBN accumulators per consumer thread: n <= 128 */
+    if (bn == 64) return launch_ws<T, 64, WS_STAGES, 4, 1, true>(a);
+    if (bn == 128) return launch_ws<T, 128, WS_STAGES, 4, 1, true>(a);
+    return TSP_ERR_UNSUPPORTED;
+  }
+  if (bn == 64) return launch_ws<T, 64, WS_STAGES, 4, 1, false>(a);
+  if (bn == 128) return launch_ws<T, 128, WS_STAGES, 4, 1, false>(a);
+  return launch_ws<T, 256, WS_STAGES, 4, 1, false>(a);
 }
 
 #endif /* TSP_WGMMA */
@@ -490,14 +703,28 @@ size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n) {
 #endif
 }
 
+int tsp_conv_wgmma_pingpong_fits(int64_t n, int64_t volume) {
+#ifndef TSP_WGMMA
+  (void)n, (void)volume;
+  return 0;
+#else
+  return n >= 1 && n <= 128 && volume >= 1 && volume <= 65535 &&
+         ws_smem_bytes(ws_bn(n), WS_STAGES, (int)volume, 2) <= WS_SMEM_MAX;
+#endif
+}
+
 tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int tile) {
 #ifndef TSP_WGMMA
   (void)dtype, (void)a, (void)tile;
   return TSP_ERR_UNSUPPORTED;
 #else
-  if (!wg_launch_ok(dtype, a) || (tile != 14 && tile != 15) || (uintptr_t)a->w % 16 != 0)
+  if (!wg_launch_ok(dtype, a) || (tile != 14 && tile != 15 && tile != WS_PINGPONG_TILE) ||
+      (uintptr_t)a->w % 16 != 0)
     return TSP_ERR_UNSUPPORTED;
-  if (ws_smem_bytes(ws_bn(a->n), WS_STAGES, (int)a->volume, 1) > WS_SMEM_MAX) return TSP_ERR_UNSUPPORTED;
+  /* ping-pong: each consumer warpgroup has its own tile buffer, and two accumulators of n <= 128 */
+  const int tbufs = tile == WS_PINGPONG_TILE ? 2 : 1;
+  if (tile == WS_PINGPONG_TILE && ws_bn(a->n) > 128) return TSP_ERR_UNSUPPORTED;
+  if (ws_smem_bytes(ws_bn(a->n), WS_STAGES, (int)a->volume, tbufs) > WS_SMEM_MAX) return TSP_ERR_UNSUPPORTED;
   if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
   return TSP_OK;
 #endif
