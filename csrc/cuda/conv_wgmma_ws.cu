@@ -165,7 +165,7 @@ static __device__ __forceinline__ int32_t *ws_tile_index(const tsp_tile_smem &t)
 ** next_tile: a zeroed counter; `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
 ** Split-K (splits > 1): tile t is run t % splits of row/column tile t / splits
 ** (tsp_tile_origin_split's order), its sums in accum + run * rows * n.
-** PP (tile 16, needs tbufs == 2): ping-pong consumers, see ws_consume_pingpong. */
+** PP (tile 16, needs tbufs == 2): ping-pong consumers, see the consumers' PP branch. */
 template <typename T, int BN, int STAGES, int PW, int MINB, bool PP>
 __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     wgmma_ws_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ wimg,
@@ -176,6 +176,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   enum { BM = WS_BM, BK = WS_BK, PT = 32 * PW, NT = WS_CONSUMERS + PT };
   enum { A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   static_assert(BM * BK / 8 % PT == 0, "producer threads split a stage's copies evenly");
+  static_assert(!PP || PW == 4, "setmaxnreg's counts assume one producer warpgroup");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T *s_a = (T *)(smem_raw + ((1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023));
   T *s_b = s_a + STAGES * A_STAGE; /* stages are multiples of 1024 bytes */
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       int t;
       int64_t row0;
       int n0;
-      if (PP) { /* tile i is built by consumer warpgroup tb (ws_pingpong below) */
+      if (PP) { /* tile i is built by consumer warpgroup tb (the consumers' PP branch) */
         mb_wait(&tile_full[tb], (i / 2) & 1);
         t = *ws_tile_index(tile);
         if (t >= tiles) break; /* so are all later tiles */
