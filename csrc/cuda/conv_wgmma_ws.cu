@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   const int wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
   if (PP) {
     ws_set_max_regs<true, WS_PP_CONSUMER_REGS>();
-    /* Ping-pong (tile 16, ws_pingpong): warpgroup wg owns every other tile of
+    /* Ping-pong (tile 16): warpgroup wg owns every other tile of
     ** the block, all 128 rows of it (two m64 accumulators), and builds it in
     ** tile buffer wg itself, so one warpgroup's epilogue and next tile's
     ** build run while the other multiplies, and the producers only copy.
