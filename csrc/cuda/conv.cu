@@ -111,9 +111,6 @@ static size_t element_bytes(tsp_dtype dtype) { return dtype == TSP_FLOAT32 ? 4 :
 /* algo.tile values served by conv_wgmma.cu (sm_90a builds); others by conv_implicit_gemm.cu. */
 static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 16 && tile != TSP_TILE_TF32; }
 
-/* The warp-specialized wgmma tiles (conv_wgmma_ws.cu), which read a weight image. */
-static int is_ws_tile(int tile) { return tile == 14 || tile == 15 || tile == 16; }
-
 static int fast_dtype(tsp_dtype dtype) {
   return dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16;
 }
@@ -185,7 +182,7 @@ static int split_k(tsp_algo algo) {
 static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n, int n_segs) {
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->volume, p->algo.tile);
-  if (is_ws_tile(tile))
+  if (tsp_is_ws_tile(tile))
     bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n)) + 256; /* + tile counters */
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
@@ -262,7 +259,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   if (a.plan && n_segs > 0) return TSP_ERR_ARGUMENT; /* the shim refuses it first */
   unsigned char *ws = (unsigned char *)workspace;
   size_t used = 0;
-  if (kind == OS_WGMMA && is_ws_tile(tile)) { /* both passes: the weight image first */
+  if (kind == OS_WGMMA && tsp_is_ws_tile(tile)) { /* both passes: the weight image first */
     const size_t wbytes = align256(tsp_conv_wgmma_ws_image_bytes(a.volume, a.red, n));
     if (ws == NULL || workspace_bytes < wbytes + 256) return TSP_ERR_ARGUMENT;
     /* the image kernel also zeroes one tile counter per main launch (WS_COUNTERS) */

@@ -184,6 +184,10 @@ typedef struct {
                           kernel zeroed it), so the launcher skips its memset launch */
 } tsp_os_launch;
 
+/* The warp-specialized wgmma tiles (conv_wgmma_ws.cu: 14, 15 and the
+** ping-pong 16), which read a weight image and take tiles from a counter. */
+static inline int tsp_is_ws_tile(int tile) { return tile == 14 || tile == 15 || tile == 16; }
+
 /* The map rows of a launch's tile plan, in tile order, or NULL (conv_tile.cuh). */
 static inline const int32_t *tsp_os_plan_map(const tsp_os_launch *a) {
   return a->plan && a->order ? a->order + a->tile_rows : NULL;
@@ -207,7 +211,7 @@ tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const vo
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);
 /* The wgmma kernels (sm_90a builds on sm_90 devices only, tiles 6-10 and
-** 12-15; TSP_ERR_UNSUPPORTED otherwise).  Tiles 6-10 read w K-major
+** 12-16; TSP_ERR_UNSUPPORTED otherwise).  Tiles 6-10 read w K-major
 ** ([volume, n, red], k_major = 1): dgrad's w already is; forward first writes
 ** a K-major copy with tsp_conv_wgmma_weights into tsp_conv_wgmma_workspace
 ** bytes and passes it as a->w.  Tiles 12 and 13 (tsp_conv_wgmma_reads_mn) also

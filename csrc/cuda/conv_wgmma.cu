@@ -373,7 +373,7 @@ tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int til
   (void)dtype, (void)a, (void)tile;
   return TSP_ERR_UNSUPPORTED;
 #else
-  if (tile == 14 || tile == 15 || tile == 16) return tsp_conv_wgmma_ws_check(dtype, a, tile);
+  if (tsp_is_ws_tile(tile)) return tsp_conv_wgmma_ws_check(dtype, a, tile);
   if (!wg_launch_ok(dtype, a) || tile < 6 || tile > 13 || tile == TSP_TILE_TF32)
     return TSP_ERR_UNSUPPORTED;
   if ((a->n > 256 && tile != 8 && tile != 9 && tile != 12) || (uintptr_t)a->w % 16 != 0)
@@ -412,13 +412,13 @@ int tsp_conv_wgmma_reads_mn(int tile) { return tile == 12 || tile == 13; }
 
 /* One launch; a->w is K-major ([volume, n, red]: k_major != 0), or for tiles
 ** 12 and 13 also the forward's [volume, red, n] (k_major == 0), or for tiles
-** 14 and 15 the image of tsp_conv_wgmma_ws_image (conv_wgmma_ws.cu). */
+** 14-16 the image of tsp_conv_wgmma_ws_image (conv_wgmma_ws.cu). */
 tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major) {
 #ifndef TSP_WGMMA
   (void)dtype, (void)a, (void)tile, (void)k_major;
   return TSP_ERR_UNSUPPORTED;
 #else
-  if (tile == 14 || tile == 15 || tile == 16) return tsp_conv_wgmma_ws_os(dtype, a, tile);
+  if (tsp_is_ws_tile(tile)) return tsp_conv_wgmma_ws_os(dtype, a, tile);
   const tsp_status ok = tsp_conv_wgmma_check(dtype, a, tile);
   if (ok != TSP_OK) return ok;
   if (!k_major && !tsp_conv_wgmma_reads_mn(tile)) return TSP_ERR_ARGUMENT;

@@ -158,6 +158,25 @@ template <bool INC, int N> static __device__ __forceinline__ void ws_set_max_reg
 #endif
 }
 
+/* One ping-pong step: the stage's 4 k16 wgmma into the accumulators of the
+** 64-row halves that use its offset (U0: rows 0-63 into acc0, U1: rows 64-127
+** into acc1), as one commit group, keeping one step in flight.  The kernel
+** calls one instantiation per case, each a straight run of fence, wgmma,
+** commit and wait. */
+template <int BN, bool U0, bool U1, typename T, int N>
+static __device__ __forceinline__ void ws_pp_step(float (&acc0)[N], float (&acc1)[N], const T *a_s,
+                                                  const T *b_s) {
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < WS_BK / 16; ++ks) {
+    if (U0) wg_op<BN>::template run<T>(acc0, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
+    if (U1)
+      wg_op<BN>::template run<T>(acc1, wg_desc_sw128(a_s + 64 * WS_BK + ks * 16), wg_desc_sw128(b_s + ks * 16));
+  }
+  wg_commit();
+  wg_wait<1>(); /* the previous step's wgmma has read its stage */
+}
+
 /* The index of the next tile a block takes: word 1 of a tile buffer's count. */
 static __device__ __forceinline__ int32_t *ws_tile_index(const tsp_tile_smem &t) { return t.count + 1; }
 
@@ -376,32 +395,12 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         const int use = ((groups & 0xFu) ? 1 : 0) | ((groups & 0xF0u) ? 2 : 0);
         acc_fence(acc0);
         acc_fence(acc1);
-        if (use == 3) {
-          wg_fence();
-#pragma unroll
-          for (int ks = 0; ks < BK / 16; ++ks) {
-            wg_op<BN>::template run<T>(acc0, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
-            wg_op<BN>::template run<T>(acc1, wg_desc_sw128(a_s + 64 * BK + ks * 16),
-                                       wg_desc_sw128(b_s + ks * 16));
-          }
-          wg_commit();
-          wg_wait<1>(); /* the previous step's wgmma has read its stage */
-        } else if (use == 1) {
-          wg_fence();
-#pragma unroll
-          for (int ks = 0; ks < BK / 16; ++ks)
-            wg_op<BN>::template run<T>(acc0, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
-          wg_commit();
-          wg_wait<1>();
-        } else {
-          wg_fence();
-#pragma unroll
-          for (int ks = 0; ks < BK / 16; ++ks)
-            wg_op<BN>::template run<T>(acc1, wg_desc_sw128(a_s + 64 * BK + ks * 16),
-                                       wg_desc_sw128(b_s + ks * 16));
-          wg_commit();
-          wg_wait<1>();
-        }
+        if (use == 3)
+          ws_pp_step<BN, true, true>(acc0, acc1, a_s, b_s);
+        else if (use == 1)
+          ws_pp_step<BN, true, false>(acc0, acc1, a_s, b_s);
+        else
+          ws_pp_step<BN, false, true>(acc0, acc1, a_s, b_s);
         acc_fence(acc0);
         acc_fence(acc1);
         if (step > 0 && lane == 0) mb_arrive(&empty[(g - 1) % STAGES]);
@@ -415,7 +414,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       ** add what a segmented pass reads back (tsp_tile_epilogue's two sweeps),
       ** then write.  Why runs: with both accumulators live, one read sweep over
       ** all 64 pairs holds 128 loaded floats too (it spilled at 168 registers);
-      ** a run's loads still overlap, and stores wait only between runs.  `half`, `jj` and `h` are constants of the unrolled loops. */
+      ** a run's loads still overlap, and stores wait only between runs.
+      ** `half`, `jj` and `h` are constants of the unrolled loops. */
       const bool reads = tsp_tile_reads(mode);
       const int wmode = tsp_tile_store_mode(mode);
       int32_t rr[4];
@@ -719,8 +719,7 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
   (void)dtype, (void)a, (void)tile;
   return TSP_ERR_UNSUPPORTED;
 #else
-  if (!wg_launch_ok(dtype, a) || (tile != 14 && tile != 15 && tile != WS_PINGPONG_TILE) ||
-      (uintptr_t)a->w % 16 != 0)
+  if (!wg_launch_ok(dtype, a) || !tsp_is_ws_tile(tile) || (uintptr_t)a->w % 16 != 0)
     return TSP_ERR_UNSUPPORTED;
   /* ping-pong: each consumer warpgroup has its own tile buffer, and two accumulators of n <= 128 */
   const int tbufs = tile == WS_PINGPONG_TILE ? 2 : 1;
