@@ -269,6 +269,34 @@ def test_ws_tiles_more_launches_than_counters():
         assert rel_err(dx, want_dx) <= TOL[torch.float16], (tile, rel_err(dx, want_dx))
 
 
+@needs_cuda
+@pytest.mark.parametrize("cin,cout,tile", [(64, 64, 13), (128, 128, 12), (256, 256, 15), (72, 136, 12)])
+def test_wgrad_offset_groups_whole_scan(cin, cout, tile):
+    """wgrad over pair slots (dataflow 1) on the whole sweep at 0.2 m (67k voxels, 3x3x3), where
+    every offset gets a group of blocks of its own (csrc/cuda/conv_wgrad_pairs.cuh: offset k's
+    64-pair slabs dealt round-robin to B_k blocks, one partial slot per block, summed in slot
+    order): 27 offsets against 132-264 slots per tile, from a few hundred to ~1000 slabs per
+    group, so each block fills its pair list several times with slabs B_k apart and offsets' last
+    slabs are partial.  split 1 and 2 (twice the slots), the pair list built in the call and
+    passed in (cached), against the fp64 gather reference, in NaN-poisoned memory, and bitwise
+    equal run to run."""
+    c = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2).cuda()
+    assert c.shape[0] > 60000
+    dtype = torch.float16
+    x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c)
+    km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(3))[0]
+    dy = randn(c.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+    want = ref.gather_wgrad(x.feats, km.nbmap, dy)  # fp64 on the GPU
+    pairs, starts = torchsp.kmap.map_pairs(km.nbmap)
+    for a in ([1, tile, 0, 0], [1, tile, 2, 0], [0, 0, 0, 0]):
+        _poison_cache()
+        dw = ops.conv_wgrad(x.feats, dy, km.nbmap, a)
+        assert rel_err(dw, want) <= TOL[dtype], (a, rel_err(dw, want))
+        _poison_cache()
+        assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)), a
+        assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a)), (a, "not deterministic")
+
+
 @pytest.mark.parametrize("device,tile", [("cpu", 0)] + [pytest.param("cuda", t, marks=needs_cuda)
                                                           for t in (0, 3, 12, 13, 15)])
 def test_misaligned_operands(device, tile):

@@ -347,9 +347,9 @@ def test_tile_plan_entries_are_checked(tile):
 @pytest.mark.parametrize("n", [3000, 37])
 def test_wgrad_tiles(dtype, cin, cout, n):
     """wgrad on each tile against the fp64 gather reference: 0 (the default: conv_wgmma_wgrad.cu over
-    pair pieces on sm_90a builds when both channel counts are >= 32, else mma.sync), 3 (mma.sync), 12 (128 x 128
-    wgmma), 13 (64 x 64), 15 (128 x 256), each in row chunks (dataflow 0) and in pair pieces
-    (dataflow 1, split 1 and 3): 32 channels (the smallest that tile 0 runs in pieces), partial
+    pair slots on sm_90a builds when both channel counts are >= 32, else mma.sync), 3 (mma.sync), 12 (128 x 128
+    wgmma), 13 (64 x 64), 15 (128 x 256), each in row chunks (dataflow 0) and in pair slots
+    (dataflow 1, offset groups; split 1 and 3): 32 channels (the smallest that tile 0 runs in slots), partial
     channel tiles (96, 40, 72, 136, 264, 384), pair counts no multiple of a 64-pair slab, one row
     chunk (n = 37) or several.  Each result lands in
     NaN-poisoned memory (the workspace too: a partial slot read but never written shows) and a
@@ -376,8 +376,9 @@ def test_wgrad_tiles(dtype, cin, cout, n):
 def test_wgrad_tiles_real_scan():
     """wgrad on each tile on a real LiDAR crop (7158 voxels at 0.1 m), 5x5x5 kernel, 256 -> 256
     channels: two row chunks of ~3600 rows, so a block's pairs fill the 2048-pair list more than
-    once (the kernels' outer batch loop); in pair pieces (dataflow 1) 66 pieces that each cross
-    offsets of very different sizes; against the fp64 gather reference (computed on the GPU)."""
+    once (the kernels' outer batch loop); in pair slots (dataflow 1) 132 slots for the 125 offsets
+    of very different sizes, so offset groups of mostly one slot; against the fp64 gather
+    reference (computed on the GPU)."""
     c = lidar_crop().cuda()
     x = torchsp.SparseTensor(randn(c.shape[0], 256, dtype=torch.float16, device="cuda", seed=1), c)
     km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(5))[0]
@@ -417,16 +418,20 @@ def test_wgrad_pairs_of_another_map_stay_in_bounds():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("case", ["one_column", "no_pair", "out_of_range", "sparse_columns"])
+@pytest.mark.parametrize("case", ["one_column", "no_pair", "out_of_range", "sparse_columns", "many_offsets"])
 def test_wgrad_pieces_odd_maps(case):
-    """wgrad's pair pieces (dataflow 1) on maps that stress the piece walk, against the fp64
-    gather reference and the row-chunk dataflow: every pair in one offset (pieces all inside it,
-    other offsets zero), no pair at all (dw zero), entries past the input rows (absent), and only
-    three scattered offsets, one of them with a single pair (pieces crossing empty offsets)."""
+    """wgrad's pair slots (dataflow 1) on maps that stress the slot walks, against the fp64
+    gather reference: every pair in one offset (one offset group takes every slot, other offsets
+    zero), no pair at all (dw zero), entries past the input rows (absent), only three scattered
+    offsets, one of them with a single pair (groups of one slot, empty offsets between), and 300
+    offsets with pairs, more than any tile's 132-264 slots, so the slots are equal pieces that
+    cross offsets (csrc/cuda/conv_wgrad_pairs.cuh)."""
     g = torch.Generator().manual_seed(5)
-    n_in, n_out, v = 900, 5000, 27
+    n_in, n_out, v = (900, 1500, 300) if case == "many_offsets" else (900, 5000, 27)
     nbmap = torch.full((n_out, v), -1, dtype=torch.int32)
-    if case == "one_column":
+    if case == "many_offsets":
+        nbmap = torch.randint(-3, n_in, (n_out, v), generator=g, dtype=torch.int32).clamp_min(-1)
+    elif case == "one_column":
         nbmap[:, 13] = torch.randint(0, n_in, (n_out,), generator=g, dtype=torch.int32)
     elif case == "out_of_range":
         nbmap = torch.randint(-1, n_in + 400, (n_out, v), generator=g, dtype=torch.int32)

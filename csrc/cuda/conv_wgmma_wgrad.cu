@@ -6,12 +6,15 @@
 **   0, row chunks, as conv_wgrad.cu (mma.sync): each block owns (row chunk,
 **      offset k, c_in tile, c_out tile) and compacts its column's present
 **      rows (conv_wgrad_pairs.cuh); chunks reduced in order;
-**   1, pair pieces (the default, conv.cu resolve_wgrad): the map's pair list
+**   1, pair slots (the default, conv.cu resolve_wgrad): the map's pair list
 **      (passed in, cached by torchsp/kmap.py for all layers of a map, or else
 **      built on the stream into the workspace: kmap_pairs.cu, no host sync)
-**      is cut into equal pieces across offsets, one block per (piece,
-**      c_in tile, c_out tile); a piece writes one partial per offset it
-**      meets, and one more kernel adds them in piece order.
+**      is shared out to a fixed number of slots, one block per (slot, c_in
+**      tile, c_out tile), as offset groups (each offset's 64-pair slabs
+**      dealt round-robin to a group of slots sized to its pairs) where every
+**      offset with pairs can have a slot, else as equal pieces across
+**      offsets (conv_wgrad_pairs.cuh); a slot writes one partial per offset
+**      it meets, and one more kernel adds them in slot order.
 **
 ** Why: the mma.sync kernel ran at 15-20% of the tensor peak (H100, lidar_198k
 ** at 0.1 m: C = 128 217 us, C = 256 673 us for 25.8 and 103 GFLOP), the
@@ -32,7 +35,13 @@
 ** 256 312.5 / 315.3 -> 269.0 / 268.8.  Not kept: the pair list filled in two
 ** passes with all of a thread's loads in flight (tsp_wgrad_fill), 3-5 us
 ** slower at each size in a later run whose 7bf7775 matched this one's.
-**
+** Offset groups instead of equal pieces (2026-11-25; main kernel, cached
+** pair list, H100, two rounds): equal pieces C = 32 / 64 / 128 / 256 32.1 /
+** 33.0, 40.9 / 41.3, 110.3 / 110.9, 270.3 / 271.1 us; in the same call a
+** first groups version (64-bit slab search in global memory, 66 slots at C
+** = 256) 34.9 / 35.3, 40.5 / 40.6, 86.7 / 87.2, 270.8 / 270.8; this one, a
+** later call, 32.3 / 32.5, 37.8 / 37.9, 85.5 / 85.8, 244.3 / 243.8.  Nsight
+** Compute at C = 256: L2 hit rate 28% -> 63%, DRAM 67% -> 29% busy.
 ** The reduction runs over pairs and a gathered row holds its channels
 ** contiguously, so both operands are MN-major in shared memory (wgmma
 ** imm-trans-a = imm-trans-b = 1), which a 16-byte cp.async per 8 channels
@@ -81,35 +90,44 @@ template <int WGS, int BN, int STAGES> static size_t wgmma_wgrad_smem_bytes() {
          tsp_wgrad_list_bytes(4 * WGS, ww_list<WGS>::LIST, ww_list<WGS>::ROWS);
 }
 
-/* Dataflow 1's sizes: `pieces` pair pieces (conv_wgrad_pairs.cuh), a grid of
-** pieces x tiles blocks, and the workspace: fp32 partials [pieces + V - 1,
-** c_in, c_out], starts [V + 1] (int64), the pair list [n_out * V] (int32: the
+/* Dataflow 1's sizes: `pieces` slots (offset-group members or pair pieces,
+** conv_wgrad_pairs.cuh), a grid of pieces x tiles blocks, and the workspace:
+** fp32 partials [pieces + V - 1, c_in, c_out], the group table [V + 2]
+** (int64), starts [V + 1] (int64), the pair list [n_out * V] (int32: the
 ** most a map can hold, so its length never travels to the host), then
-** kmap_pairs.cu's workspace; the partials alone when the caller passes the
-** map's pair list (p->pairs).  bytes == 0: these sizes are not served.
+** kmap_pairs.cu's workspace; partials and table alone when the caller passes
+** the map's pair list (p->pairs).  bytes == 0: these sizes are not served.
 **
 ** pieces x tiles is one wave of resident blocks on a 132-SM H100 (WW_SMS;
 ** tile 13 fits two blocks per SM, 12 and 15 one) times algo.split (0 reads as
-** 1): equal pieces need no second wave to even out, and the count is a
-** constant, so results do not depend on the device.  Pieces shrink to no
+** 1), but no fewer than WW_SMS x split slots per tile: equal pieces need no
+** second wave to even out, while offset groups are whole blocks, and 66 of
+** them for 27 offsets (tile 15 at C = 256: two c_in tiles) leave the largest
+** group member 1.32x the mean (lidar_198k at 0.1 m), 132 1.09x: C = 256
+** wgrad main kernel 270.8 / 270.8 us at 66 slots against 249.4 / 247.4 at
+** 132 (H100, same run, two rounds; equal pieces 270.3 / 271.1).  The count is
+** a constant, so results do not depend on the device.  Pieces shrink to no
 ** fewer than WW_MIN_PIECE (row, offset) entries of the map each. */
 enum { WW_SMS = 132, WW_MIN_PIECE = 1024 };
 static const int64_t WW_MAX_PARTIALS = 64LL << 20; /* floats (256 MB) */
 
 typedef struct {
   int64_t pieces, tiles;
-  size_t starts_at, pairs_at, pairs_ws_at, bytes;
+  size_t table_at, starts_at, pairs_at, pairs_ws_at, bytes;
 } ww_pieces_plan;
 
 static size_t ww_align(size_t b) { return (b + 255) & ~(size_t)255; }
 
 static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
-  ww_pieces_plan pl = {0, 0, 0, 0, 0, 0};
+  ww_pieces_plan pl = {0, 0, 0, 0, 0, 0, 0};
   const int bm = tile == 13 ? 64 : 128, bn = tile == 15 ? 256 : tile == 13 ? 64 : 128;
   const int resident = tile == 13 ? 2 : 1;
   const int64_t vcc = p->c_in * p->c_out, v = p->volume;
   pl.tiles = ((p->c_in + bm - 1) / bm) * ((p->c_out + bn - 1) / bn);
-  int64_t g = (int64_t)WW_SMS * resident * (p->algo.split > 1 ? p->algo.split : 1) / pl.tiles;
+  const int64_t split = p->algo.split > 1 ? p->algo.split : 1;
+  int64_t g = (int64_t)WW_SMS * resident * split / pl.tiles;
+  /* see above: offset groups of whole blocks, while the partials fit */
+  if (g < WW_SMS * split && vcc <= WW_MAX_PARTIALS / (WW_SMS * split + v - 1)) g = WW_SMS * split;
   const int64_t by_map = (p->n_out * v + WW_MIN_PIECE - 1) / WW_MIN_PIECE;
   if (g > by_map) g = by_map;
   if (g < 1) g = 1;
@@ -117,10 +135,11 @@ static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
   ** times a pass) is skipped. */
   const int given = p->pairs != NULL && p->pair_starts != NULL;
   const size_t pairs_ws = given ? 0 : tsp_kernel_map_pairs_cuda_workspace(p->n_out, v);
-  if ((!given && pairs_ws == 0) || (g + v - 1) * vcc > WW_MAX_PARTIALS || g * pl.tiles > 0x7fffffffLL)
+  if ((!given && pairs_ws == 0) || vcc > WW_MAX_PARTIALS / (g + v - 1) || g * pl.tiles > 0x7fffffffLL)
     return pl;
   pl.pieces = g;
-  pl.starts_at = ww_align((size_t)((g + v - 1) * vcc) * sizeof(float));
+  pl.table_at = ww_align((size_t)((g + v - 1) * vcc) * sizeof(float));
+  pl.starts_at = pl.table_at + ww_align((size_t)(v + 2) * sizeof(int64_t));
   if (given) {
     pl.pairs_at = pl.pairs_ws_at = pl.bytes = pl.starts_at;
     return pl;
@@ -274,19 +293,27 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   });
 }
 
-/* Dataflow 1: block (piece g, tile) sums pairs [g len, g len + len) of the
-** pair list, one offset at a time, into partial slots g + k (see
-** tsp_wgrad_piece_len).  Every branch below is block-uniform. */
+/* Dataflow 1: block (slot g, tile).  With offset groups (conv_wgrad_pairs.cuh;
+** L = tsp_wgrad_group_len > 0) slot g is member j of offset k's group and sums
+** that group's slabs j, j + B_k, ... into partial slot g; block 0 also writes
+** `table` (L, then first_k for k = 0 .. V) for the reduction.  Else (L = 0,
+** table[0] = 0) slot g is piece g: pairs [g len, g len + len) of the list,
+** one offset at a time, into partial slots g + k (tsp_wgrad_piece_len).
+** Every branch below is block-uniform. */
 template <typename T, int WGS, int BN, int STAGES>
 __global__ void __launch_bounds__(128 * WGS, 1)
     wgmma_wgrad_pieces_kernel(const T *__restrict__ x, int64_t n_in, const T *__restrict__ dy,
                               const int32_t *__restrict__ map, int volume, int c_in, int c_out,
                               int64_t n_out, const int32_t *__restrict__ pairs,
                               const int64_t *__restrict__ starts, int64_t n_pairs, int64_t pieces,
-                              float *__restrict__ partials) {
+                              float *__restrict__ partials, int64_t *__restrict__ table) {
   typedef ww_tile<T, WGS, BN, STAGES> tile;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const tile t(smem_raw);
+  /* L, k, j, B_k, S_k, in the compaction's warp area, which this kernel does
+  ** not use (a static __shared__ array would push tile 15 past the 227 KB a
+  ** block may have); the slab counts go in the pair list before it is filled */
+  int64_t *const s_group = (int64_t *)t.s_warp;
   const int tiles_n = (c_out + BN - 1) / BN, tiles_m = (c_in + tile::BM - 1) / tile::BM;
   int64_t b = blockIdx.x;
   const int n0 = (int)(b % tiles_n) * BN;
@@ -294,6 +321,41 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   const int m0 = (int)(b % tiles_m) * tile::BM;
   const int64_t g = b / tiles_m;
   const int64_t total = tsp_pair_total(starts, volume, n_pairs);
+  const int64_t vcc = (int64_t)c_in * c_out;
+  if (threadIdx.x < 32) {
+    const int32_t len = volume <= tile::LIST ? tsp_wgrad_group_len(starts, volume, total, pieces, t.s_p) : 0;
+    int gk = -1;
+    int64_t gj = 0, gb = 0;
+    if (len > 0)
+      tsp_wgrad_group_of(t.s_p, volume, len, g, &gk, &gj, &gb, blockIdx.x == 0 ? table + 1 : NULL);
+    if (threadIdx.x == 0) {
+      if (blockIdx.x == 0) table[0] = len;
+      s_group[0] = len, s_group[1] = gk, s_group[2] = gj, s_group[3] = gb;
+      s_group[4] = gk >= 0 ? t.s_p[gk] : 0;
+    }
+  }
+  __syncthreads();
+  if (s_group[0] > 0) { /* offset groups */
+    const int k = (int)s_group[1];
+    if (k < 0) return; /* past the last group */
+    const int64_t j = s_group[2], size = s_group[3];
+    const int64_t k0 = tsp_pair_start(starts, k, total), k1 = tsp_pair_start(starts, k + 1, total);
+    const int64_t mine = (s_group[4] - j + size - 1) / size; /* slabs j, j + size, ... */
+    float acc[tile::ACC];
+#pragma unroll
+    for (int i = 0; i < tile::ACC; ++i) acc[i] = 0.0f;
+    for (int64_t m = 0; m < mine; m += tile::LIST / 64) {
+      const int count = 64 * (int)(mine - m < tile::LIST / 64 ? mine - m : tile::LIST / 64);
+      tsp_wgrad_fill<tile::NT>(pairs, map, volume, k, n_in, n_out, k0 + 64 * (j + m * size), 64 * size, k1,
+                               count, t.s_p, t.s_q);
+      t.product(acc, x, dy, c_in, c_out, m0, n0, count);
+    }
+    float *slot = partials + g * vcc;
+    ww_epilogue<BN>(acc, m0, n0, c_in, c_out, [&](int m, int col, float v0, float v1) {
+      *(float2 *)(slot + (int64_t)m * c_out + col) = make_float2(v0, v1);
+    });
+    return;
+  }
   const int64_t len = tsp_wgrad_piece_len(total, pieces);
   const int64_t a = g * len, e = a + len < total ? a + len : total;
   if (a >= e) return;
@@ -303,7 +365,6 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     if (tsp_pair_start(starts, mid + 1, total) > a) hi = mid;
     else k = mid + 1;
   }
-  const int64_t vcc = (int64_t)c_in * c_out;
   for (; k < volume; ++k) {
     const int64_t k0 = tsp_pair_start(starts, k, total), k1 = tsp_pair_start(starts, k + 1, total);
     if (k0 >= e) break;
@@ -314,7 +375,7 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     for (int i = 0; i < tile::ACC; ++i) acc[i] = 0.0f;
     for (int64_t j = s0; j < s1; j += tile::LIST) {
       const int count = s1 - j < tile::LIST ? (int)(s1 - j) : (int)tile::LIST;
-      tsp_wgrad_fill<tile::NT>(pairs, map, volume, k, n_in, n_out, j, count, t.s_p, t.s_q);
+      tsp_wgrad_fill<tile::NT>(pairs, map, volume, k, n_in, n_out, j, 64, s1, count, t.s_p, t.s_q);
       t.product(acc, x, dy, c_in, c_out, m0, n0, count);
     }
     float *slot = partials + (g + k) * vcc;
@@ -324,27 +385,35 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   }
 }
 
-/* dw[k] = the sum, in piece order, of the slots g + k of the pieces g that
-** meet offset k (zero when it has no pair); four elements per thread. */
+/* dw[k] = the sum, in slot order, of offset k's partial slots: with offset
+** groups (table[0] > 0) slots table[1 + k] .. table[2 + k] - 1, else the slots
+** g + k of the pieces g that meet offset k; zero when it has no pair.  Four
+** elements per thread. */
 template <typename T>
 __global__ void wgrad_pieces_reduce_kernel(const float *__restrict__ partials,
                                            const int64_t *__restrict__ starts, int volume,
                                            int64_t n_pairs, int64_t pieces, int64_t vcc,
-                                           T *__restrict__ dw) {
+                                           const int64_t *__restrict__ table, T *__restrict__ dw) {
   const int64_t total = tsp_pair_total(starts, volume, n_pairs);
   const int64_t len = tsp_wgrad_piece_len(total, pieces);
+  const int grouped = table[0] > 0;
   const int64_t quads = volume * vcc / 4;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < quads;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t at = i * 4, k = at / vcc, in_k = at - k * vcc;
-    const int64_t k0 = tsp_pair_start(starts, (int)k, total);
-    const int64_t k1 = tsp_pair_start(starts, (int)k + 1, total);
+    int64_t g0 = 0, g1 = 0, shift = 0; /* slots g0 .. g1 - 1, each at (g + shift) vcc */
+    if (grouped) {
+      g0 = table[1 + k], g1 = table[2 + k];
+    } else {
+      const int64_t k0 = tsp_pair_start(starts, (int)k, total);
+      const int64_t k1 = tsp_pair_start(starts, (int)k + 1, total);
+      if (k1 > k0) g0 = k0 / len, g1 = (k1 - 1) / len + 1, shift = k;
+    }
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (k1 > k0)
-      for (int64_t g = k0 / len; g <= (k1 - 1) / len; ++g) {
-        const float4 v = *(const float4 *)(partials + (g + k) * vcc + in_k);
-        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-      }
+    for (int64_t g = g0; g < g1; ++g) {
+      const float4 v = *(const float4 *)(partials + (g + shift) * vcc + in_k);
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
     tsp_store2(dw + at, sum.x, sum.y);
     tsp_store2(dw + at + 2, sum.z, sum.w);
   }
@@ -383,6 +452,7 @@ static tsp_status launch_wgmma_wgrad_pieces(const tsp_conv_problem *p, const voi
                                       smem, &smem_raised, "tsp_conv_wgmma_wgrad: pieces");
   if (s != TSP_OK) return s;
   float *partials = (float *)ws;
+  int64_t *table = (int64_t *)(ws + plan->table_at);
   const int32_t *pairs = p->pairs;
   const int64_t *starts = p->pair_starts;
   int64_t n_pairs = p->n_pairs;
@@ -403,12 +473,12 @@ static tsp_status launch_wgmma_wgrad_pieces(const tsp_conv_problem *p, const voi
   wgmma_wgrad_pieces_kernel<T, WGS, BN, STAGES>
       <<<(unsigned)(plan->pieces * plan->tiles), 128 * WGS, smem, stream>>>(
           (const T *)x, p->n_in, (const T *)dy, nbmap, (int)p->volume, (int)p->c_in,
-          (int)p->c_out, p->n_out, pairs, starts, n_pairs, plan->pieces, partials);
+          (int)p->c_out, p->n_out, pairs, starts, n_pairs, plan->pieces, partials, table);
   s = tsp_cuda_check_launch("tsp_conv_wgmma_wgrad: pieces");
   if (s != TSP_OK) return s;
   const int64_t vcc = p->c_in * p->c_out;
   wgrad_pieces_reduce_kernel<T><<<tsp_grid_blocks(p->volume * vcc / 4, 256), 256, 0, stream>>>(
-      partials, starts, (int)p->volume, n_pairs, plan->pieces, vcc, (T *)dw);
+      partials, starts, (int)p->volume, n_pairs, plan->pieces, vcc, table, (T *)dw);
   return tsp_cuda_check_launch("tsp_conv_wgmma_wgrad: reduce pieces");
 }
 
