@@ -421,34 +421,28 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       int32_t rr[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) rr[q] = tile.rows[(q >> 1) * 64 + wwarp * 16 + (lane >> 2) + (q & 1) * 8];
+      /* f(at, v0, v1) on the in-range pairs of one run: column groups j0 .. j0 + 3 of one half */
+      const auto each_pair = [&](float *acc, int half, int j0, auto &&f) {
+#pragma unroll
+        for (int jj = j0; jj < j0 + 4; ++jj) {
+          const int col = n0 + jj * 8 + (lane & 3) * 2;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int32_t r = rr[2 * half + h];
+            if (r >= 0 && col < n) f((int64_t)r * n + col, acc[4 * jj + 2 * h], acc[4 * jj + 2 * h + 1]);
+          }
+        }
+      };
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         float *const acc = half == 0 ? acc0 : acc1;
 #pragma unroll
         for (int j0 = 0; j0 < BN / 8; j0 += 4) {
-          if (reads) {
-#pragma unroll
-            for (int jj = j0; jj < j0 + 4; ++jj) {
-              const int col = n0 + jj * 8 + (lane & 3) * 2;
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int32_t r = rr[2 * half + h];
-                if (r >= 0 && col < n)
-                  tsp_tile_add2(acc_out, (int64_t)r * n + col, &acc[4 * jj + 2 * h], &acc[4 * jj + 2 * h + 1]);
-              }
-            }
-          }
-#pragma unroll
-          for (int jj = j0; jj < j0 + 4; ++jj) {
-            const int col = n0 + jj * 8 + (lane & 3) * 2;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int32_t r = rr[2 * half + h];
-              if (r >= 0 && col < n)
-                tsp_tile_write2(wmode, out, acc_out, (int64_t)r * n + col, acc[4 * jj + 2 * h],
-                                acc[4 * jj + 2 * h + 1]);
-            }
-          }
+          if (reads)
+            each_pair(acc, half, j0, [&](int64_t at, float &v0, float &v1) { tsp_tile_add2(acc_out, at, &v0, &v1); });
+          each_pair(acc, half, j0, [&](int64_t at, float &v0, float &v1) {
+            tsp_tile_write2(wmode, out, acc_out, at, v0, v1);
+          });
         }
       }
     }

@@ -161,24 +161,24 @@ static __device__ int32_t tsp_wgrad_group_len(const int64_t *__restrict__ starts
   const int lane = threadIdx.x & 31;
   if (total >= (1LL << 36) || groups >= (1LL << 30)) return 0;
   int32_t most = 0, used = 0;
+  int64_t all = 0; /* T = sum_k S_k */
   for (int k = lane; k < volume; k += 32) {
     const int64_t a = tsp_pair_start(starts, k, total), b = tsp_pair_start(starts, k + 1, total);
     const int32_t s = b > a ? (int32_t)((b - a + 63) / 64) : 0;
     slabs[k] = s;
     most = s > most ? s : most;
     used += s > 0;
+    all += s;
   }
   for (int o = 16; o > 0; o >>= 1) {
     most = max(most, __shfl_xor_sync(0xffffffffu, most, o));
     used += __shfl_xor_sync(0xffffffffu, used, o);
+    all += __shfl_xor_sync(0xffffffffu, (long long)all, o);
   }
   __syncwarp();
   if (most == 0 || used > groups) return 0;
-  /* sum_k ceil(S_k / L) lies in [T / L, T / L + used) for T = sum_k S_k, so
-  ** L is at least ceil(T / groups) and at most ceil(T / (groups - used)) */
-  int64_t all = 0;
-  for (int k = lane; k < volume; k += 32) all += slabs[k];
-  for (int o = 16; o > 0; o >>= 1) all += __shfl_xor_sync(0xffffffffu, (long long)all, o);
+  /* sum_k ceil(S_k / L) lies in [T / L, T / L + used), so L is at least
+  ** ceil(T / groups) and at most ceil(T / (groups - used)) */
   int64_t lo = (all + groups - 1) / groups, hi = most;
   if (groups > used) hi = min(hi, (all + groups - used - 1) / (groups - used));
   lo = max(lo, (int64_t)1);
