@@ -42,6 +42,21 @@
 ** = 256) 34.9 / 35.3, 40.5 / 40.6, 86.7 / 87.2, 270.8 / 270.8; this one, a
 ** later call, 32.3 / 32.5, 37.8 / 37.9, 85.5 / 85.8, 244.3 / 243.8.  Nsight
 ** Compute at C = 256: L2 hit rate 28% -> 63%, DRAM 67% -> 29% busy.
+** Tried 2026-11-25 and not kept (H100, main kernel us, cached pair list,
+** each against this kernel in the same call, two rounds; all passed the
+** wgrad tests).  Nsight Compute on this kernel at C = 256 showed no warp
+** eligible 73% of the cycles at 2 warps per scheduler, L2 63% and DRAM 39%
+** busy, so the tries aimed at latency and locality:
+**   - a warp-specialized variant for tiles 12 and 15 (a producer warpgroup
+**     fills the pair list and copies slabs STAGES ahead, the consumers meet
+**     it only at per-stage mbarriers, as conv_wgmma_ws.cu): C = 128 104.5 /
+**     104.4 against 84.8 / 84.7, C = 256 242.8 / 242.9 against 245.4 /
+**     242.7; with 8 producer warps at C = 128 and a 2048-pair list, 89.3 /
+**     89.5 against 86.1 / 85.7.  The block barrier per slab is not what
+**     holds it back;
+**   - blocks ordered with the c_in tiles slowest (one wave per c_in tile
+**     sweeping all offsets): C = 256 248.5 / 243.8 against 251.9 / 248.4,
+**     and 12 rounds later in one call a median of 253 against 253.
 ** The reduction runs over pairs and a gathered row holds its channels
 ** contiguously, so both operands are MN-major in shared memory (wgmma
 ** imm-trans-a = imm-trans-b = 1), which a 16-byte cp.async per 8 channels

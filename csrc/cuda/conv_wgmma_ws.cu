@@ -149,6 +149,14 @@ static size_t ws_smem_bytes(int bn, int stages, int volume, int tbufs) {
 ** (128 floats at n = 128) and build tiles, and spilled at 168 (ptxas: 124
 ** bytes); the producers only copy. */
 enum { WS_PP_PRODUCER_REGS = 56, WS_PP_CONSUMER_REGS = 224 };
+/* Tile 15 at BN = 256 (setmaxnreg, 128 x 184 + 256 x 160 = 64512): the
+** producers, which list tiles, take registers from the consumers, whose
+** m64n256 accumulator is 128 floats.  At the launch's 168 for all, ptxas
+** spilled 56 bytes; with these counts none.  H100, lidar_198k at 0.1 m, C =
+** 256, main kernel us, 12 rounds of 20 calls each way in one call
+** (2026-11-25): fwd median 303 against 315, dgrad 317 against 322 (rounds
+** spread 296-335 either way: clocks moved 1785-1950 MHz). */
+enum { WS_WIDE_PRODUCER_REGS = 184, WS_WIDE_CONSUMER_REGS = 160 };
 template <bool INC, int N> static __device__ __forceinline__ void ws_set_max_regs() {
 #ifdef TSP_WGMMA_DEVICE
   if (INC)
@@ -226,6 +234,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 
   if (tid >= WS_CONSUMERS) { /* producer warps */
     if (PP) ws_set_max_regs<false, WS_PP_PRODUCER_REGS>();
+    else if (PW == 4 && BN == 256) ws_set_max_regs<true, WS_WIDE_PRODUCER_REGS>();
     /* Producer thread p copies 16-byte chunk cc of rows r_it = p / 8 + (PT / 8) it
     ** of every stage.  It reads its rows' map entries once per offset, not once
     ** per 64-channel chunk, all before the first copy, and keeps their source
@@ -448,6 +457,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     }
     return;
   }
+  if (PW == 4 && BN == 256) ws_set_max_regs<false, WS_WIDE_CONSUMER_REGS>();
   int g = 0; /* as the producers count */
   for (int i = 0;; ++i) {
     const int tb = i % tbufs;
