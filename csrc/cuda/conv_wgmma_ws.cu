@@ -188,6 +188,17 @@ static __device__ __forceinline__ void ws_pp_step(float (&acc0)[N], float (&acc1
 /* The index of the next tile a block takes: word 1 of a tile buffer's count. */
 static __device__ __forceinline__ int32_t *ws_tile_index(const tsp_tile_smem &t) { return t.count + 1; }
 
+/* A consumer's step g of its tile: advances (li, ch) through the tile's
+** (offset, 64-channel chunk) steps, waits until the step's stage is full and
+** returns which 16-row groups of the tile use the step's offset. */
+static __device__ __forceinline__ uint32_t ws_step_wait(const tsp_tile_smem &tile, int &li, int &ch,
+                                                        int chunks, uint64_t *full, int g, int stages) {
+  const uint32_t groups = tile.groups[tile.list[li]];
+  if (++ch == chunks) ch = 0, ++li;
+  mb_wait(&full[g % stages], (g / stages) & 1);
+  return groups;
+}
+
 /* src [src_rows, red]; wimg: ws_image_kernel's stage images; out [rows, n];
 ** next_tile: a zeroed counter; `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
 ** Split-K (splits > 1): tile t is run t % splits of row/column tile t / splits
@@ -201,6 +212,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
                     int n, T *__restrict__ out, float *__restrict__ accum, int mode,
                     int *__restrict__ next_tile, int tiles, int tbufs, int splits) {
   enum { BM = WS_BM, BK = WS_BK, PT = 32 * PW, NT = WS_CONSUMERS + PT };
+  /* tile 15 at BN = 256: registers to the producers (WS_WIDE_*_REGS) */
+  enum { WIDE_REGS = !PP && PW == 4 && BN == 256 };
   enum { A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   static_assert(BM * BK / 8 % PT == 0, "producer threads split a stage's copies evenly");
   static_assert(!PP || PW == 4, "setmaxnreg's counts assume one producer warpgroup");
@@ -234,7 +247,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 
   if (tid >= WS_CONSUMERS) { /* producer warps */
     if (PP) ws_set_max_regs<false, WS_PP_PRODUCER_REGS>();
-    else if (PW == 4 && BN == 256) ws_set_max_regs<true, WS_WIDE_PRODUCER_REGS>();
+    else if (WIDE_REGS) ws_set_max_regs<true, WS_WIDE_PRODUCER_REGS>();
     /* Producer thread p copies 16-byte chunk cc of rows r_it = p / 8 + (PT / 8) it
     ** of every stage.  It reads its rows' map entries once per offset, not once
     ** per 64-channel chunk, all before the first copy, and keeps their source
@@ -392,9 +405,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       int li = 0, ch = 0;
       for (int step = 0; step < steps; ++step, ++g) {
         const int s = g % STAGES;
-        const uint32_t groups = tile.groups[tile.list[li]];
-        if (++ch == chunks) ch = 0, ++li;
-        mb_wait(&full[s], (g / STAGES) & 1);
+        const uint32_t groups = ws_step_wait(tile, li, ch, chunks, full, g, STAGES);
         proxy_fence(); /* the cp.async (generic proxy) writes, seen through the barrier, to wgmma */
         const T *a_s = s_a + s * A_STAGE, *b_s = s_b + s * B_STAGE;
         /* Which 64-row halves use the offset (warpgroup-uniform; the tile lists
@@ -457,7 +468,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     }
     return;
   }
-  if (PW == 4 && BN == 256) ws_set_max_regs<false, WS_WIDE_CONSUMER_REGS>();
+  if (WIDE_REGS) ws_set_max_regs<false, WS_WIDE_CONSUMER_REGS>();
   int g = 0; /* as the producers count */
   for (int i = 0;; ++i) {
     const int tb = i % tbufs;
@@ -480,9 +491,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     int li = 0, ch = 0;
     for (int step = 0; step < steps; ++step, ++g) {
       const int s = g % STAGES;
-      const uint32_t groups = tile.groups[tile.list[li]];
-      if (++ch == chunks) ch = 0, ++li;
-      mb_wait(&full[s], (g / STAGES) & 1);
+      const uint32_t groups = ws_step_wait(tile, li, ch, chunks, full, g, STAGES);
       if ((groups >> (4 * wg)) & 0xFu) { /* warpgroup-uniform */
         proxy_fence(); /* the cp.async (generic proxy) writes, seen through the barrier, to wgmma */
         acc_fence(acc);
