@@ -107,13 +107,14 @@ enum { TSP_SPLIT_K_MAX = 16 };
 ** torchsp/plan.py from these numbers); every CUDA and CPU dataflow is
 ** atomic-free and deterministic.
 **
-** tile on CUDA, fp16/bf16: 0 is the kernel's default (the swizzled wgmma
-** tiles 12 or 13, or the warp-specialized 15 when Cout > 128, on sm_90a
-** builds on sm_90 devices when both channel counts are >= 64, else
-** mma.sync: cuda/conv.cu resolve_tile); 1-2 mma.sync shapes,
-** 3 the mma.sync default shape; 6-10, 12-15 wgmma (sm_90a builds; 12-15 with
-** 128-byte swizzled operands, 14-15 warp-specialized: producer warps copy,
-** consumer warpgroups multiply); any other value reads as 3.  wgrad's tile on
+** tile on CUDA, fp16/bf16: 0 is the kernel's default (on sm_90a builds on
+** sm_90 devices when both channel counts are >= 64: the swizzled wgmma tile
+** 13 for 64 produced channels, the ping-pong tile 16 for 65-128 where it fits, the
+** warp-specialized 15 above; else mma.sync: cuda/conv.cu resolve_tile); 1-2
+** mma.sync shapes, 3 the mma.sync default shape; 6-10, 12-16 wgmma (sm_90a
+** builds; 12-16 with 128-byte swizzled operands, 14-16 warp-specialized:
+** producer warps copy, consumer warpgroups multiply); any other value reads
+** as 3.  wgrad's tile on
 ** fp16/bf16: 0 the default (the wgmma wgrad of cuda/conv_wgmma_wgrad.cu over
 ** pair pieces, whatever the dataflow, when both channel counts are >= 32 on
 ** sm_90a builds on sm_90 devices, else mma.sync: cuda/conv.cu resolve_wgrad); 12, 13, 15 its 128 x 128,

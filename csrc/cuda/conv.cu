@@ -269,6 +269,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
     a.w = ws;
     a.tile_counter = (int32_t *)(ws + wbytes);
     a.counter_zeroed = 1;
+    a.after_image = 1; /* cleared below wherever another launch comes between */
     used = wbytes + 256;
   } else if (kind == OS_WGMMA && !transposed_w && !tsp_conv_wgmma_reads_mn(tile)) {
     /* forward on tiles 6-10: K-major copy of w first */
@@ -335,6 +336,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
                                       "tsp_conv: zero partial sums");
         if (s != TSP_OK) return s;
         sa.mode = TSP_EPI_ACC_ADD;
+        sa.after_image = 0;
       }
       started = 1;
     } else {
@@ -342,6 +344,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
     }
     tsp_status s = os_launch(kind, dtype, &sa, transposed_w, tile);
     if (s != TSP_OK) return s;
+    a.after_image = 0; /* the later segments follow this launch */
     finished = sa.mode == TSP_EPI_STORE || sa.mode == TSP_EPI_ACC_FINISH;
   }
   if (finished) return TSP_OK;

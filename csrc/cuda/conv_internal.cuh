@@ -182,6 +182,9 @@ typedef struct {
                           [tile_rows], then the map rows in that order [tile_rows, volume] */
   int counter_zeroed;  /* tiles 14-16: *tile_counter is 0 already (the weight image
                           kernel zeroed it), so the launcher skips its memset launch */
+  int after_image;     /* tiles 14-16: the weight image kernel is the stream's last
+                          launch, so this one may start while it runs (programmatic
+                          dependent launch, conv_wgmma_ws.cu) */
 } tsp_os_launch;
 
 /* The warp-specialized wgmma tiles (conv_wgmma_ws.cu: 14, 15 and the

@@ -128,6 +128,35 @@ static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uin
 #endif
 }
 
+/* ------------------------------------- programmatic dependent launch --- */
+
+/* The main kernel is launched as a programmatic dependent of the weight image
+** kernel just before it (launch_ws), so its blocks set up, list their first
+** tiles and gather their first rows while the image is still being written.
+** Only two things it reads come from that kernel, the image (B's bulk copies)
+** and the tile counter it zeroes; the thread that touches either waits here
+** first.  Everything else it reads was written before the image kernel
+** started, which stream order still guarantees.  Without a programmatic
+** launch the wait returns at once.  H100, lidar_198k, op calls back to back,
+** three rounds against the same code without it, in one call (2026-11-25,
+** us): C = 128 (tile 16) fwd 116.7-117.9 against 120.5-122.1, dgrad
+** 120.9-122.6 against 121.0-123.5; C = 64 with tile 16 fwd 68.4-69.5 against
+** 71.0-71.2, dgrad 67.4-68.2 against 70.4-71.3 (tile 13, which has no image,
+** 68.7-69.2 and 67.1-68.4, stays tile 0 there); C = 256 (tile 15) within the
+** rounds' spread. */
+static __device__ __forceinline__ void ws_wait_image() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/* The image kernel's blocks let the dependent main kernel be scheduled. */
+static __device__ __forceinline__ void ws_image_let_main_start() {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 /* ------------------------------------------------------------ kernel --- */
 
 enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256, WS_STAGES = 4, WS_TILE_BAR = 1 };
@@ -273,6 +302,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
       } else {
         mb_wait(&tile_free[tb], ((i / tbufs) & 1) ^ 1); /* its previous tile's epilogue is done */
+        if (p == 0 && i > 0) ws_wait_image(); /* the image kernel zeroed the counter */
         if (p == 0) *ws_tile_index(tile) = i == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(next_tile, 1);
         tsp_tile_sync<WS_TILE_BAR, PT>();
         t = *ws_tile_index(tile);
@@ -316,6 +346,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         const uint32_t bytes = c0 + cc * 8 < red ? 16 : 0; /* 0: the chunk is past red, zeros */
         mb_wait(&empty[s], ((g / STAGES) & 1) ^ 1); /* round 0 passes on the fresh barrier */
         if (p == 0) { /* B first: the larger copy is in flight while the rows are issued */
+          if (g == 0) ws_wait_image(); /* the first read of the image */
           mb_arrive_expect_tx(&full[s], B_STAGE * 2);
           bulk_copy(s_b + s * B_STAGE, wtile + ((int64_t)k * chunks + ch) * B_STAGE, B_STAGE * 2, &full[s]);
         }
@@ -388,6 +419,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       /* tile i + 2's index, before tile i + 1's warpgroup can take one */
       const auto hand_over = [&](int g_end) {
         if (wt == 0) {
+          if (j == 0) ws_wait_image(); /* the image kernel zeroed the counter */
           next_idx[wg] = 2 * (int)gridDim.x + atomicAdd(next_tile, 1);
           g_next[(i + 1) & 1] = g_end;
         }
@@ -558,6 +590,7 @@ __global__ void __launch_bounds__(WS_IMG_THREADS)
   const int c0 = ch * 64, j0 = t * bn, pieces = bn * 8; /* 16-byte pieces of one image */
   uint4 *dst = (uint4 *)(img + blk * bn * 64);
   const uint4 zero = make_uint4(0, 0, 0, 0); /* +0.0 in fp16 and bf16 */
+  ws_image_let_main_start(); /* it waits for this grid's writes before reading them */
   if (blk == 0) /* the main launches' tile counters: stream order makes the zeros visible to them */
     for (int i = threadIdx.x; i < n_counters; i += WS_IMG_THREADS) counters[i] = 0;
   if (transposed) {
@@ -586,6 +619,25 @@ __global__ void __launch_bounds__(WS_IMG_THREADS)
     for (int q = 0; q < 8; ++q) e[q] = s[(c + q) * WS_IMG_PITCH + j];
     dst[i] = v;
   }
+}
+
+/* May a launch on `stream` be a programmatic dependent one?  Always outside
+** stream capture; inside it only where runtime and driver (12.3+) put such
+** launches into a graph.  A failed query says no. */
+static int ws_dependent_launch_ok(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    (void)cudaGetLastError(); /* the query's own error, not a launch's */
+    return 0;
+  }
+  if (capture == cudaStreamCaptureStatusNone) return 1;
+  static int graph_ok = -1; /* both versions are fixed for the process */
+  if (graph_ok < 0) {
+    int runtime = 0, driver = 0;
+    graph_ok = cudaRuntimeGetVersion(&runtime) == cudaSuccess &&
+               cudaDriverGetVersion(&driver) == cudaSuccess && runtime >= 12030 && driver >= 12030;
+  }
+  return graph_ok;
 }
 
 template <typename T, int BN, int STAGES, int PW, int MINB, bool PP>
@@ -618,10 +670,25 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
                        "tsp_conv_wgmma_ws: zero the tile counter");
     if (s != TSP_OK) return s;
   }
-  wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP><<<(unsigned)blocks, WS_CONSUMERS + 32 * PW, smem, a.stream>>>(
-      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
-      (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter, (int)tiles,
-      tbufs, splits);
+  /* Right after the image kernel (which zeroed the counter: no memset came
+  ** between), a programmatic dependent launch; see ws_wait_image. */
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)blocks);
+  cfg.blockDim = dim3(WS_CONSUMERS + 32 * PW);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = a.stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = a.after_image && a.counter_zeroed && ws_dependent_launch_ok(a.stream) ? 1 : 0;
+  s = tsp_cuda_check(
+      cudaLaunchKernelEx(&cfg, wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP>, (const T *)a.src, a.src_rows,
+                         (const T *)a.w, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
+                         (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter,
+                         (int)tiles, tbufs, splits),
+      "tsp_conv_wgmma_ws");
+  if (s != TSP_OK) return s;
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");
 }
 
@@ -687,7 +754,18 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **     66.9 / 67.9 for tile 13, dgrad 65.4 / 65.3 against 66.3 / 67.1.  So
 **     the producers' tile builds, not the epilogue, held the tensor cores
 **     back; tile 16 is tile 0 for 64 < n <= 128 (conv.cu resolve_tile; at
-**     n = 64 the weight image it writes first costs more than it saves). */
+**     n = 64 the weight image it writes first costs more than it saves);
+**   - Nsight Compute's stall samples (C = 64 fwd, 2026-11-25): the producer
+**     warps spend ~27% of their samples waiting on tile_full (the next tile
+**     not built yet), the active consumers ~20% on `full`.  Tiles built two
+**     ahead instead (four tile buffers, each warpgroup rebuilding a buffer
+**     after its epilogue with the block's tile i + 4) passed the tests and
+**     compute-sanitizer, but were slower, op call in the same run, three
+**     rounds (us): C = 128 fwd 130.4-130.6 against 115.4-116.1, dgrad
+**     130.0-132.2 against 121.7-123.0; C = 64 fwd 72.0-72.4 against
+**     68.4-69.3.  The extra 29 KB of tile buffers leaves less L1 for the
+**     tile builds' map loads (the carveout follows the shared memory), one
+**     suspect not yet measured. */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(a.n);
   if (tile == 14) {
