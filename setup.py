@@ -90,7 +90,7 @@ def _extension():
         py_limited_api=False,
     )
     if with_cuda:
-        sources += _rel([os.path.join(ROOT, "csrc", "shim_cuda.cpp")])
+        sources += _rel([os.path.join(ROOT, "csrc", "shim_cuda.cpp"), os.path.join(ROOT, "csrc", "shim_ggs.cpp")])
         sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
         nvcc = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
         if _want_wgmma():

@@ -137,8 +137,11 @@ inline void check_same_device(const at::Tensor &a, const char *an, const at::Ten
 inline tsp_algo make_algo(c10::IntArrayRef v, const char *op, const char *arg) {
   TORCH_CHECK(v.size() == 4, op, ": ", arg,
               " must be [dataflow, tile, split, threshold], got ", v);
-  TORCH_CHECK(v[0] >= 0 && v[0] <= 3, op, ": ", arg, "[0] (dataflow) must be 0, 1, 2 or 3, got ",
+  TORCH_CHECK(v[0] >= 0 && v[0] <= 4, op, ": ", arg, "[0] (dataflow) must be 0, 1, 2, 3 or 4, got ",
               v[0]);
+  TORCH_CHECK(v[0] != TSP_DATAFLOW_GATHER_GEMM_SCATTER || (v[3] >= 0 && v[3] <= 0x7fffffff), op, ": ", arg,
+              "[3] (threshold) of gather-GEMM-scatter (dataflow 4) is the padding a group may add, in "
+              "percent, >= 0, got ", v[3]);
   TORCH_CHECK(v[0] != TSP_DATAFLOW_SPLIT_K || (v[2] >= 2 && v[2] <= TSP_SPLIT_K_MAX), op, ": ", arg,
               "[2] (split) of split-K (dataflow 3) must be in [2, ", int(TSP_SPLIT_K_MAX), "], got ", v[2]);
   tsp_algo a;

@@ -12,6 +12,7 @@
 #include <torch/library.h>
 
 #include "shim_common.h"
+#include "shim_ggs.h"
 #include "torchsp.h"
 
 namespace torchsp {
@@ -156,6 +157,11 @@ at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::T
   at::Tensor y = at::empty({p.n_out, p.c_out}, x.options());
   if (p.n_out == 0 || p.c_out == 0) return y;
   if (p.n_in == 0 || p.c_in == 0 || p.volume == 0) return y.zero_();
+  if (p.algo.dataflow == TSP_DATAFLOW_GATHER_GEMM_SCATTER) {
+    if (!segs.empty()) return ggs_pass(op, "segs", x, w, false, nbmap, order, segs, p.algo.threshold);
+    p.algo.dataflow = TSP_DATAFLOW_OUTPUT_STATIONARY; /* no plan (tracing, exact float32): the plain pass */
+    p.algo.threshold = 0;
+  }
   at::Tensor ws = conv_workspace(tsp_conv_cuda_workspace(&p), x);
   check_status(tsp_conv_fwd_cuda(&p, x.data_ptr(), w.data_ptr(), nbmap.data_ptr<int32_t>(),
                                  y.data_ptr(), data_or_null(ws), bytes_of(ws),
@@ -181,6 +187,11 @@ at::Tensor conv_dgrad_cuda(const at::Tensor &dy_, const at::Tensor &w_,
   at::Tensor dx = at::empty({p.n_in, p.c_in}, dy.options());
   if (p.n_in == 0 || p.c_in == 0) return dx;
   if (p.n_out == 0 || p.c_out == 0 || p.volume == 0) return dx.zero_();
+  if (p.algo.dataflow == TSP_DATAFLOW_GATHER_GEMM_SCATTER) {
+    if (!segs_t.empty()) return ggs_pass(op, "segs_t", dy, w, true, nbmap_t, order_t, segs_t, p.algo.threshold);
+    p.algo.dataflow = TSP_DATAFLOW_OUTPUT_STATIONARY; /* no plan: the plain pass */
+    p.algo.threshold = 0;
+  }
   at::Tensor ws = conv_workspace(tsp_conv_cuda_workspace(&p), dy);
   check_status(tsp_conv_dgrad_cuda(&p, dy.data_ptr(), w.data_ptr(), nbmap_t.data_ptr<int32_t>(),
                                    dx.data_ptr(), data_or_null(ws), bytes_of(ws),
@@ -196,6 +207,8 @@ at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at
   tsp_conv_problem p = wgrad_problem(x_, dy_, nbmap_, algo, op);
   check_pair_list(pairs_, pair_starts_, x_, &p, op);
   check_cuda_dtype(x_, op, "x");
+  /* Dataflow 4's wgrad is 0's: tile 0's pair pieces already are per-offset gathered GEMMs. */
+  if (p.algo.dataflow == TSP_DATAFLOW_GATHER_GEMM_SCATTER) p.algo.dataflow = TSP_DATAFLOW_OUTPUT_STATIONARY;
   c10::cuda::CUDAGuard guard(x_.device());
   at::Tensor x = x_.contiguous(), dy = dy_.contiguous(), nbmap = nbmap_.contiguous();
   at::Tensor pairs, pair_starts; /* kept alive over the launch */

@@ -92,8 +92,14 @@ typedef enum {
   TSP_DATAFLOW_OUTPUT_STATIONARY = 0, /* per output row, sum over offsets; no atomics */
   TSP_DATAFLOW_WEIGHT_STATIONARY = 1, /* per offset over its pairs (CPU: conv.c; CUDA: segments) */
   TSP_DATAFLOW_HYBRID = 2,            /* offsets with L1 < threshold OS, rest WS (CUDA: segments; CPU: as 0) */
-  TSP_DATAFLOW_SPLIT_K = 3            /* output-stationary, each tile's offsets cut into algo.split runs
+  TSP_DATAFLOW_SPLIT_K = 3,           /* output-stationary, each tile's offsets cut into algo.split runs
                                          summed by separate blocks of one launch (CUDA; CPU: as 0) */
+  TSP_DATAFLOW_GATHER_GEMM_SCATTER = 4 /* TorchSparse's gather-GEMM-scatter, offsets batched into
+                                         groups of similar pair counts (algo.threshold: the padding
+                                         a group may add, in percent of its pairs), one cuBLAS bmm
+                                         per group (CUDA forward and dgrad with segments: the shim,
+                                         csrc/shim_ggs.cpp; without segments and for wgrad: as 0;
+                                         CPU: as 1) */
 } tsp_dataflow;
 
 /* Largest algo.split of split-K (TSP_DATAFLOW_SPLIT_K): its fp32 partials take
@@ -341,6 +347,45 @@ tsp_status tsp_kernel_map_pairs_cuda(const int32_t *map, int64_t n_rows, int64_t
 /* nbmap_t [n_in, V] from nbmap; entries outside [0, n_in) are ignored. */
 tsp_status tsp_kernel_map_transpose_cuda(const int32_t *nbmap, int64_t n_out, int64_t volume,
                                          int64_t n_in, int32_t *nbmap_t, tsp_cuda_stream stream);
+
+/* Gather-GEMM-scatter (TSP_DATAFLOW_GATHER_GEMM_SCATTER): the gather and the
+** reduce that run around the shim's batched GEMMs (cuda/conv_ggs.cu,
+** shim_ggs.cpp).  A pass's pairs (a pair list of its map, as
+** tsp_kernel_map_pairs_*: rows q whose entry map[q, k] is the source row)
+** sit in a dense buffer of rows x channels, one slot per offset. */
+typedef struct {
+  int64_t start;  /* first entry of the slot's pairs in the pair list */
+  int64_t count;  /* its pairs, 0 <= count <= rows */
+  int64_t base;   /* the slot's first buffer row */
+  int64_t rows;   /* buffer rows of the slot: count padded to its group's largest count */
+  int32_t offset; /* k, in [0, V) */
+} tsp_ggs_slot;
+
+enum { TSP_GGS_MAX_SLOTS = 64 };
+
+/* The slots of one pass (passed to the gather kernel by value: 2.5 KB). */
+typedef struct {
+  int32_t n_slots; /* 0 .. TSP_GGS_MAX_SLOTS */
+  tsp_ggs_slot slot[TSP_GGS_MAX_SLOTS];
+} tsp_ggs_plan;
+
+/* buf [sum of slot rows, channels]: buffer row base + r of slot s is src row
+** map[q * V + offset] of its pair q = pairs[start + r] for r < count, zero when
+** that entry or q is out of range, and zero for count <= r < rows.  where
+** [map_rows * V] (int32) is set to -1 and then, for every gathered pair,
+** where[q * V + offset] = base + r.  Rows of buf past the slots are untouched.
+** Slots must satisfy base + rows <= 2^31 - 1. */
+tsp_status tsp_ggs_gather_cuda(const tsp_ggs_plan *plan, const int32_t *pairs,
+                               const int32_t *map, int64_t map_rows, int64_t volume,
+                               const void *src, int64_t src_rows, int64_t channels,
+                               tsp_dtype dtype, void *buf, int32_t *where,
+                               tsp_cuda_stream stream);
+/* out [rows, channels]: out[q] = sum over k = 0 .. V - 1 with where[q * V + k]
+** in [0, buf_rows) of buf[where[q * V + k]], fp32 accumulation in that order;
+** rows with none are zero.  float32, float16, bfloat16. */
+tsp_status tsp_ggs_reduce_cuda(const int32_t *where, int64_t rows, int64_t volume,
+                               const void *buf, int64_t buf_rows, int64_t channels,
+                               tsp_dtype dtype, void *out, tsp_cuda_stream stream);
 
 /* Convolution passes on CUDA: float32 (exact fp32 math, or tf32 with
 ** algo.tile == TSP_TILE_TF32), float16, bfloat16, fp32 accumulation.  Map

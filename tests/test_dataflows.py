@@ -1,7 +1,8 @@
 """Every CUDA dataflow (torchsp/plan.py) against independent references.
 
 Mask splits, weight-stationary and Spira's hybrid run as segmented passes of
-the tensor-core kernels.  Each is checked against the dense float64 reference
+the tensor-core kernels; gather-GEMM-scatter takes the weight-stationary plan
+into cuBLAS batches (csrc/shim_ggs.cpp).  Each is checked against the dense float64 reference
 (every regime of tests/cases.py, forward and backward), the fp64 gather
 reference on a real scan crop, and the worst cases (all offsets present, one
 row, channel counts 3 / 5 / 96 / 384).  The plans themselves are checked on
@@ -34,6 +35,11 @@ DATAFLOWS = {
     "hybrid3_t9": [2, 9, 0, 3],
     "hybrid0": [2, 0, 0, 0],  # every offset weight-stationary
     "hybrid_all_os": [2, 0, 0, 99],  # no offset weight-stationary: one plain segment
+    # gather-GEMM-scatter (csrc/shim_ggs.cpp): groups of equal pair counts, up to 50% padding,
+    # every offset in one bmm (padded to the centre's count)
+    "ggs": [4, 0, 0, 0],
+    "ggs50": [4, 0, 0, 50],
+    "ggs_one_bmm": [4, 0, 0, 6400],
 }
 # Split-K (dataflow 3): no segments; each tile's used offsets cut into S runs summed by separate
 # blocks into fp32 slabs (S = 5 leaves uneven and, on rows with few offsets, empty runs).

@@ -275,10 +275,10 @@ def test_wgrad_rejects_bad_pair_list(bad, device):
     assert torch.equal(ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], pairs, starts), ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0]))
 
 
-@pytest.mark.parametrize("algo,match", [([4, 0, 0, 0], "dataflow"), ([-1, 0, 0, 0], "dataflow"),
+@pytest.mark.parametrize("algo,match", [([5, 0, 0, 0], "dataflow"), ([-1, 0, 0, 0], "dataflow"),
                                         ([3, 0, 1, 0], "split"), ([3, 0, 17, 0], "split"),
-                                        ([3, 0, 0, 0], "split")],
-                         ids=["dataflow4", "dataflow_neg", "splitk1", "splitk17", "splitk0"])
+                                        ([3, 0, 0, 0], "split"), ([4, 0, 0, -1], "threshold")],
+                         ids=["dataflow5", "dataflow_neg", "splitk1", "splitk17", "splitk0", "ggs_neg_padding"])
 def test_bad_algo(algo, match, device):
     """An algo list the kernels do not take fails in every pass, naming the element and the op."""
     ops = torch.ops.torchsp

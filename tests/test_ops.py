@@ -261,8 +261,9 @@ def test_mask_order_is_sorted_permutation(device):
 @pytest.mark.parametrize("cin,cout", [(16, 32), (64, 64), (72, 136), (264, 136), (136, 256)])
 def test_row_order_any_permutation(dtype, cin, cout):
     """Tensor-core fwd/dgrad walk rows in `order`: mask order, a random permutation, map order
-    (None), the tile plans of the first two, and threshold -1, with every tile shape (6-10, 12-15: wgmma on sm_90a builds, 14-15
-    warp-specialized; else the mma.sync fallback), all match the fp64 gather reference."""
+    (None), the tile plans of the first two, and threshold -1, with every tile shape (6-10, 12-16: wgmma on sm_90a builds, 14-16
+    warp-specialized, 16 building its tiles one thread per row; else the mma.sync fallback), all match the fp64 gather
+    reference."""
     c, out, nbmap, nbmap_t = _maps("cuda", n=3000, seed=6)
     x = randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1)
     w = randn(27, cin, cout, dtype=dtype, device="cuda", seed=2, scale=0.2)
@@ -288,7 +289,7 @@ def test_row_order_any_permutation(dtype, cin, cout):
         for a in ([0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 1, 0, -1], [0, 2, 0, -1],
                   [0, 3, 0, 0], [0, 4, 0, 0], [0, 5, 0, 0], [0, 6, 0, 0], [0, 7, 0, 0], [0, 6, 0, -1],
                   [0, 8, 0, 0], [0, 9, 0, 0], [0, 10, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0], [0, 14, 0, 0],
-                  [0, 15, 0, 0], [0, 14, 0, -1]):
+                  [0, 15, 0, 0], [0, 14, 0, -1], [0, 16, 0, 0], [0, 16, 0, -1]):
             y = ops.conv_fwd(x, w, nbmap, nbmap_t, a, a, a, o, ot)
             assert rel_err(y, want_y) <= tol, (name, a)
             dx = ops.conv_dgrad(dy, w, nbmap_t, a, ot)

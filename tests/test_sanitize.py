@@ -172,11 +172,13 @@ def test_wide_tiles():
 
 
 @pytest.mark.parametrize("algo", [[0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 2], [1, 9, 0, 0], [2, 9, 0, 1],
-                                  [1, 14, 0, 0], [2, 14, 0, 1]],
-                         ids=["split2", "ws", "hybrid2", "ws_t9", "hybrid1_t9", "ws_t14", "hybrid1_t14"])
+                                  [1, 14, 0, 0], [2, 14, 0, 1], [4, 0, 0, 0], [4, 0, 0, 6400]],
+                         ids=["split2", "ws", "hybrid2", "ws_t9", "hybrid1_t9", "ws_t14", "hybrid1_t14", "ggs",
+                              "ggs_one_bmm"])
 def test_segmented_dataflows(algo):
-    """Segmented plans (torchsp/plan.py: mask splits, weight-stationary, hybrid) under the
-    sanitizers: fp32 partial sums in the workspace, pair-list rows, fwd and dgrad."""
+    """Segmented plans (torchsp/plan.py: mask splits, weight-stationary, hybrid, gather-GEMM-scatter)
+    under the sanitizers: fp32 partial sums in the workspace, pair-list rows, gathered batches padded
+    to their group's largest offset, fwd and dgrad."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=12)
     geom = torchsp.kmap.ConvGeometry(3)
     km = torchsp.kmap.get_kernel_map(x, geom)[0]
@@ -189,8 +191,9 @@ def test_segmented_dataflows(algo):
     _assert_close(y, dx, ref_y, ref_dx)
 
 
-@pytest.mark.parametrize("algo", [[0, 11, 0, 0], [0, 11, 0, -1], [0, 11, 2, 0], [1, 11, 0, 0], [2, 11, 0, 2]],
-                         ids=["sorted", "unsorted", "split2", "ws", "hybrid2"])
+@pytest.mark.parametrize("algo", [[0, 11, 0, 0], [0, 11, 0, -1], [0, 11, 2, 0], [1, 11, 0, 0], [2, 11, 0, 2],
+                                  [4, 11, 0, 50]],
+                         ids=["sorted", "unsorted", "split2", "ws", "hybrid2", "ggs50"])
 def test_tf32_kernels(algo):
     """The tf32 kernels (tile 11 on float32: conv_tf32.cu forward and dgrad in each dataflow,
     conv_wgrad.cu's tf32 wgrad) under the sanitizers: 40 -> 144 channels, so the forward's

@@ -91,12 +91,16 @@ def test_candidate_rejected_when_output_differs(cache_dir, monkeypatch):
     assert entry["fwd"][0] == 0 and entry["dgrad"][0] == 0
 
 
-def test_deterministic_mode_filters_candidates():
+def test_deterministic_mode_filters_candidates(monkeypatch):
     """Every CUDA dataflow is atomic-free (segmented plans add in order, split-K's slabs are
-    summed in index order), so all stay eligible under deterministic algorithms; a dataflow a
-    backend declares nondeterministic is dropped."""
+    summed in index order), so all stay eligible under deterministic algorithms, gather-GEMM-scatter
+    (cuBLAS) only where torch lets cuBLAS run in that mode (CUBLAS_WORKSPACE_CONFIG set); a dataflow
+    a backend declares nondeterministic is dropped."""
     every = tune.candidates("cuda", "fwd", (3, 3, 3))
-    assert {a[0] for a in every} == {0, 1, 2, 3}
+    assert {a[0] for a in every} == {0, 1, 2, 3, 4}
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert tune.candidates("cuda", "fwd", (3, 3, 3), deterministic=True) == [a for a in every if a[0] != 4]
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     assert tune.candidates("cuda", "fwd", (3, 3, 3), deterministic=True) == every
     tune._NONDETERMINISTIC["cuda"].add(1)
     try:

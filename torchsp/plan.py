@@ -21,7 +21,13 @@ deterministic.  This module turns a pass's algorithm choice into a plan:
                      order) with each tile's used offsets cut into S runs that
                      separate blocks of one launch sum into fp32 slabs, added in
                      a fixed order (csrc/cuda/conv.cu): S times the blocks for
-                     layers with fewer tiles than SMs.
+                     layers with fewer tiles than SMs;
+    [4, _, _, e]     TorchSparse's gather-GEMM-scatter: the weight-stationary plan
+                     (one segment per offset over its pair list), which the CUDA
+                     shim groups by pair count (a group may pad up to e percent
+                     of its pairs), gathers into dense batches, multiplies with
+                     one cuBLAS bmm per group and sums per output row in offset
+                     order (csrc/shim_ggs.cpp, csrc/cuda/conv_ggs.cu).
 
 Plans are built once per KernelMap and pass (cached on it).  Building the pair
 lists reads their sizes back to the host (one synchronisation per map), so
@@ -61,7 +67,7 @@ def _bits(ks):
 
 def segmented(algo):
     """True when `algo` ([dataflow, tile, split, threshold]) needs a segmented plan."""
-    return algo[0] in (1, 2) or (algo[0] == 0 and algo[2] >= 2)
+    return algo[0] in (1, 2, 4) or (algo[0] == 0 and algo[2] >= 2)
 
 
 def takes_segments(dtype, algo):
@@ -136,8 +142,8 @@ def _build(kmap, which, algo, kernel_size, dilation, padding):
             segs += [i * rows, rows, _bits(r), 1]
         return torch.cat(orders), segs
     l1 = offset_l1(kernel_size, dilation, padding)
-    ws = list(range(v)) if dataflow == 1 else [k for k in range(v) if l1[k] >= t]
-    os_ = [] if dataflow == 1 else [k for k in range(v) if l1[k] < t]
+    ws = list(range(v)) if dataflow in (1, 4) else [k for k in range(v) if l1[k] >= t]
+    os_ = [] if dataflow in (1, 4) else [k for k in range(v) if l1[k] < t]
     pairs, starts = _pairs(kmap, which)
     segs, full = [], []
     for k in ws:
@@ -175,7 +181,8 @@ def pass_plan(kmap, which, algo, geom, dtype=None):
     if (not segmented(algo) or not nb.is_cuda or nb.shape[1] > MAX_VOLUME or nb.shape[0] == 0
             or not takes_segments(dtype, algo) or tracing()):
         return order, []
-    key = (which, algo[0], algo[2] if algo[0] == 0 else 0, algo[3] if algo[0] == 2 else 0)
+    # Dataflow 4 runs dataflow 1's plan (its grouping happens in the shim): one cache entry.
+    key = (which, 1 if algo[0] == 4 else algo[0], algo[2] if algo[0] == 0 else 0, algo[3] if algo[0] == 2 else 0)
     hit = kmap.plans.get(key)
     if hit is None:
         hit = kmap.plans[key] = _build(kmap, which, algo, geom.kernel_size, geom.dilation, geom.padding)

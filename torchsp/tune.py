@@ -62,14 +62,19 @@ PASSES = ("fwd", "dgrad", "wgrad")
 # Cout > 128), plus tiles 3 (mma.sync), 12 and 13 (swizzled wgmma) on sm_90a builds; mask splits
 # (split 2); weight-stationary fetch-on-demand (dataflow 1); Spira's hybrid (dataflow 2)
 # at every L1 threshold of the kernel; split-K over each tile's offsets in 2, 4 or 8 runs
-# (dataflow 3: layers with fewer tiles than the GPU has SMs).  All are atomic-free and
-# deterministic.
+# (dataflow 3: layers with fewer tiles than the GPU has SMs); TorchSparse's gather-GEMM-scatter
+# with offsets grouped at no padding or up to 50% (dataflow 4: cuBLAS bmm).  All are atomic-free and
+# deterministic; dataflow 4's cuBLAS needs CUBLAS_WORKSPACE_CONFIG for torch's deterministic mode
+# (candidates drops it there otherwise, as torch would raise).
 _SPLIT_K = [[3, 0, 2, 0], [3, 0, 4, 0], [3, 0, 8, 0]]
+_GGS = [[4, 0, 0, 0], [4, 0, 0, 50]]
 _CANDIDATES = {
     "cpu": {"fwd": [[0, 0, 0, 0], [1, 0, 0, 0]], "dgrad": [[0, 0, 0, 0], [1, 0, 0, 0]],
             "wgrad": [[0, 0, 0, 0]]},
-    "cuda": {"fwd": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]] + _SPLIT_K,
-             "dgrad": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]] + _SPLIT_K,
+    "cuda": {"fwd": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]] + _SPLIT_K
+             + _GGS,
+             "dgrad": [[0, 0, 0, 0], [0, 0, 0, -1], [0, 1, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [1, 0, 0, 0]] + _SPLIT_K
+             + _GGS,
              "wgrad": [[0, 0, 0, 0]]},
 }
 _NONDETERMINISTIC = {"cpu": set(), "cuda": set()}
@@ -125,7 +130,15 @@ def candidates(device_type, pass_name, kernel_size=None, deterministic=False, tf
         out = [[a[0], TF32_TILE, a[2], a[3]] for a in out if a[1] == 0]
     if deterministic:
         out = [a for a in out if a[0] not in _NONDETERMINISTIC.get(device_type, set())]
+        if device_type == "cuda" and not _cublas_deterministic():
+            out = [a for a in out if a[0] != 4]
     return out
+
+
+def _cublas_deterministic():
+    """True when cuBLAS may run under torch.use_deterministic_algorithms(True): torch raises for
+    a cuBLAS GEMM unless CUBLAS_WORKSPACE_CONFIG is :4096:8 or :16:8."""
+    return os.environ.get("CUBLAS_WORKSPACE_CONFIG") in (":4096:8", ":16:8")
 
 
 def _hybrid_passes():

@@ -134,6 +134,7 @@ static tsp_status check_problem(const tsp_conv_problem *prob, tsp_dataflow *data
       *dataflow = TSP_DATAFLOW_OUTPUT_STATIONARY;
       return TSP_OK;
     case TSP_DATAFLOW_WEIGHT_STATIONARY:
+    case TSP_DATAFLOW_GATHER_GEMM_SCATTER: /* per offset over its pairs, as here already */
       *dataflow = TSP_DATAFLOW_WEIGHT_STATIONARY;
       return TSP_OK;
     default:
