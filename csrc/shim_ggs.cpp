@@ -16,6 +16,8 @@
 */
 #include "shim_ggs.h"
 
+#include "shim_common.h"
+
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
@@ -57,13 +59,9 @@ tsp_cuda_stream stream_now() {
   return reinterpret_cast<tsp_cuda_stream>(c10::cuda::getCurrentCUDAStream().stream());
 }
 
-tsp_dtype dtype_of(const at::Tensor &t) {
-  return t.scalar_type() == at::kHalf ? TSP_FLOAT16 : t.scalar_type() == at::kBFloat16 ? TSP_BFLOAT16 : TSP_FLOAT32;
-}
-
 void check(tsp_status s, const char *op, const char *what) {
   if (s == TSP_ERR_CUDA) TORCH_CHECK(false, op, ": ", what, ": CUDA error: ", tsp_cuda_last_error());
-  TORCH_CHECK(s == TSP_OK, op, ": ", what, " failed (status ", static_cast<int>(s), ")");
+  TORCH_CHECK(s == TSP_OK, op, ": ", what, ": ", status_text(s));
 }
 
 }  // namespace
@@ -102,7 +100,7 @@ at::Tensor ggs_pass(const char *op, const char *segs_arg, const at::Tensor &src,
   }
   TORCH_CHECK(total <= 0x7fffffffLL, op, ": gather-GEMM-scatter would gather ", total,
               " rows, more than its int32 indices address; use another dataflow");
-  const tsp_dtype dt = dtype_of(src);
+  const tsp_dtype dt = to_tsp_dtype(src.scalar_type(), op);
   at::Tensor out = at::empty({rows, c_dst}, src.options());
   at::Tensor where = at::empty({rows, volume}, map.options());
   at::Tensor gathered = at::empty({total, c_src}, src.options());
