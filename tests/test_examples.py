@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--voxel-size", "0.8", "--half-width", "10"]
@@ -53,9 +54,38 @@ def test_bench_tools_run_on_cpu():
     if not any(os.path.exists(p) for p in data):
         pytest.skip("needs shared/data/lidar_198k.npz")
     out = _run_tool("bench.py", "--device", "cpu", "--dtype", "fp32", "--voxel-scale", "20", "--iters", "1",
-                    "--warmup", "0", "--peers", "none", "--layers", "subm3_c32", "--algos", "0", "auto", "--zero-grad")
+                    "--warmup", "0", "--peers", "none", "--layers", "subm3_c32", "--algos", "0", "auto", "--zero-grad",
+                    "--autograd-single-thread")
     assert "torchsp auto" in out and "tuned fwd" in out and "# compact" in out
-    assert "with .grad set to None before each call" in out
+    assert "with .grad set to None before each call" in out and "backward on the calling thread" in out
     out = _run_tool("bench_models.py", "--device", "cpu", "--dtype", "float32", "--voxel-size", "1.0",
                     "--repeats", "1", "--models", "resnet21d", "--fixed", "os-sorted")
     assert "search: end-to-end forward" in out and "ratio" in out
+
+
+def test_peer_layer_row_orders():
+    """tools/peers.py's PeerLayer puts rows in and out of a peer's own orders outside the timed
+    calls: forward() must return torchsp's output order, dy_peer() the peer's."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("peers", os.path.join(REPO, "tools", "peers.py"))
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    g = torch.Generator().manual_seed(3)
+    n = 11
+    in_perm = torch.randperm(n, generator=g)       # peer input row j = torchsp input row in_perm[j]
+    out_order = torch.randperm(n, generator=g)     # peer output row j = torchsp output row out_order[j]
+    perm = torch.argsort(out_order)                # theirs[perm] == ours
+
+    def call(feats_peer):                          # a peer computing y = 2x in its own row orders
+        ours = torch.empty_like(feats_peer)
+        ours[in_perm] = feats_peer
+        return (2 * ours)[out_order]
+    pl = peers.PeerLayer(call, None, perm, "", in_perm)
+    x = torch.randn(n, 4, generator=g)
+    assert torch.equal(pl.forward(x), 2 * x)
+    dy = torch.randn(n, 4, generator=g)
+    assert torch.equal(pl.dy_peer(dy), dy[out_order])
+    with pytest.raises(peers.PeerUnavailable, match="takes no variant"):
+        peers.build("flexgemm:1", {})
+    with pytest.raises(peers.PeerUnavailable, match="unknown peer"):
+        peers.build("nope", {})

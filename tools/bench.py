@@ -8,14 +8,18 @@ Layers (voxels of /work/shared/data/lidar_198k.npz, batch 1):
   subm3_c128_small / subm3_c256_small: subm 3x3x3 at 0.4 m / 0.8 m (27.9k / 10.6k voxels,
       a U-Net's deep levels), where tiles are fewer than SMs: split-K's layers
 Phases (map cached: built once before timing, as a model reuses it), CUDA events around the
-Python call a user makes, median of --iters after --warmup:
+Python call a user makes, median of --iters after --warmup; every implementation of a layer
+(torchsp's algos, the peers) is set up and checked first, then timed in --rounds interleaved
+rounds, and each number is the median of its rounds (the JSON keeps each round's):
   fwd      torchsp.functional.sparse_conv3d(x, w, K, stride=..., transposed=..., algo=...) under no_grad
   fwd op   torch.ops.torchsp.conv_fwd(...) alone (the forward's GPU time where Python is the bound)
   dgrad    torch.ops.torchsp.conv_dgrad(dy, w, nbmap_t, algo)
   wgrad    torch.ops.torchsp.conv_wgrad(x, dy, nbmap, algo, pairs, starts) (the map's cached pair list)
   fwd+bwd  y = sparse_conv3d(...); y.feats.backward(dy)   (feats and weight require grad; their
            .grad accumulates call to call, or with --zero-grad is set to None before each call,
-           as a training step's optimizer.zero_grad() does: every implementation alike)
+           as a training step's optimizer.zero_grad() does: every implementation alike; with
+           --autograd-single-thread backward runs on the calling thread, not torch's CUDA worker
+           thread, whose hand-offs the fwd+bwd time of a small layer can carry)
 Floor of a phase: max(F / PEAK, B / 3.0 TB/s), F = 2 * pairs * Cin * Cout (x3 for fwd+bwd),
 B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * N_out * V (x3 for fwd+bwd), e = element size,
 pairs = nbmap entries >= 0, PEAK = 790 TFLOP/s (fp16/bf16) or 438 (fp32, tf32).
@@ -185,11 +189,18 @@ def main():
     ap.add_argument("--peers", nargs="+", default=["all"], help="spconv flexgemm torchsparse warpconvnet | all | none")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="time every implementation of a layer in this many interleaved rounds (median of "
+                         "the rounds' medians), so host or clock drift falls on all alike")
     ap.add_argument("--voxel-scale", type=float, default=1.0, help="multiply voxel sizes (CPU smoke tests)")
     ap.add_argument("--zero-grad", action="store_true",
                     help="fwd+bwd: set feats' and weight's .grad to None before each call (torch's "
                          "zero_grad default), so backward stores the gradients instead of adding "
                          "them into .grad; torchsp and every peer alike")
+    ap.add_argument("--autograd-single-thread", action="store_true",
+                    help="fwd+bwd: run backward on the calling thread "
+                         "(torch.autograd.set_multithreading_enabled(False)) instead of torch's "
+                         "per-device worker thread; torchsp and every peer alike")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG bar plot (matplotlib, imported lazily)")
     args = ap.parse_args()
@@ -211,10 +222,16 @@ def main():
     probe = peerlib.probe() if peer_names else {}
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device) if device.type == "cuda"
            else "cpu", "dtype": args.dtype, "iters": args.iters, "data": os.path.basename(args.data),
-           "voxel_scale": args.voxel_scale, "zero_grad": args.zero_grad, "peers": probe}
+           "rounds": args.rounds,
+           "voxel_scale": args.voxel_scale, "zero_grad": args.zero_grad,
+           "autograd_single_thread": args.autograd_single_thread, "peers": probe}
+    if args.autograd_single_thread:
+        torch.autograd.set_multithreading_enabled(False)
     print(f"# bench: {env['device']}, torch {env['torch']}, {args.dtype}, median of {args.iters}, "
+          f"{args.rounds} interleaved rounds, "
           f"{env['data']} (voxel sizes x{args.voxel_scale}), fwd+bwd "
-          f"{'with .grad set to None before each call' if args.zero_grad else 'accumulating into .grad'}")
+          f"{'with .grad set to None before each call' if args.zero_grad else 'accumulating into .grad'}"
+          f"{', backward on the calling thread' if args.autograd_single_thread else ''}")
     for p, v in probe.items():
         print(f"#   peer {p}: {v}")
     peak = PEAK[dtype]
@@ -245,8 +262,13 @@ def main():
         g = torch.Generator(device="cpu").manual_seed(1)
         dy = torch.randn(sz["n_out"], cout, generator=g).to(device, dtype)
         y_ref = None
+        # Set up and check every implementation first, then time them in interleaved rounds
+        # (timers: [rec, key, fn, grad]) so that a drift of the host or the clocks during the
+        # layer falls on all of them alike; each number is the median of its rounds' medians.
+        recs, timers = [], []
         for label, algo in algos:
             rec = dict(base, impl=f"torchsp {label}", algo=algo)
+            recs.append(rec)
             try:
                 conv = lambda feats, weight, a=algo: torchsp.functional.sparse_conv3d(  # noqa: E731
                     x.replace(feats) if hasattr(x, "replace") else x, weight, K, algo=a, **kw)
@@ -256,7 +278,6 @@ def main():
                         y_ref = y.float()
                     else:
                         rec["err"] = f"{rel_err(y, y_ref):.1e}"
-                    rec["fwd_us"] = timeit(lambda: conv(x.feats, w), args.iters, args.warmup, device)
                     geom = ConvGeometry(K, **kw)
                     # "auto": the ops below run the tuner's choices for this layer, per pass
                     fa, da, wa = ((algo, algo, algo) if algo is not None else
@@ -266,46 +287,47 @@ def main():
                         rec["note"] = f"tuned fwd {fa} dgrad {da} wgrad {wa}"
                     order, segs = pass_plan(km, "fwd", fa, geom, dtype)
                     order_t, segs_t = pass_plan(km, "dgrad", da, geom, dtype)
-                    # the op alone (no Python layer): where the Python call is CPU-bound, this
-                    # is the GPU time of the forward
-                    rec["fwd_op_us"] = timeit(lambda: torch.ops.torchsp.conv_fwd(
-                        x.feats, w, km.nbmap, km.nbmap_t, fa, da, wa, order, order_t, segs, segs_t),
-                        args.iters, args.warmup, device)
-                    rec["dgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, da, order_t,
-                                                                                  segs_t),
-                                             args.iters, args.warmup, device)
                     # with the map's cached pair list, as a training call passes it (map cached)
                     pairs, starts = wgrad_pairs(km, wa, dtype, cin, cout)
-                    rec["wgrad_us"] = timeit(lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, wa, pairs,
-                                                                                  starts),
-                                             args.iters, args.warmup, device)
                 xf = x.feats.detach().clone().requires_grad_(True)
                 wg = w.detach().clone().requires_grad_(True)
 
-                def fb():
+                def fb(conv=conv, xf=xf, wg=wg):
                     if args.zero_grad:
                         xf.grad = wg.grad = None
                     conv(xf, wg).feats.backward(dy)
-                rec["fwdbwd_us"] = timeit(fb, args.iters, args.warmup, device)
+                timers += [
+                    (rec, "fwd_us", lambda conv=conv: conv(x.feats, w), False),
+                    # the op alone (no Python layer): where the Python call is CPU-bound, this
+                    # is the GPU time of the forward
+                    (rec, "fwd_op_us", lambda o=order, ot=order_t, sg=segs, st=segs_t, a=(fa, da, wa):
+                        torch.ops.torchsp.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, *a, o, ot, sg, st), False),
+                    (rec, "dgrad_us", lambda ot=order_t, st=segs_t, da=da:
+                        torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, da, ot, st), False),
+                    (rec, "wgrad_us", lambda pr=pairs, ps=starts, wa=wa:
+                        torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, wa, pr, ps), False),
+                    (rec, "fwdbwd_us", fb, True)]
             except Exception as e:  # noqa: BLE001
                 rec["note"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
-            emit(rec)
         for p in peer_names:
             rec = dict(base, impl=p)
+            recs.append(rec)
             try:
                 pl, pw = peerlib.build(p, pdesc)
                 with torch.no_grad():
                     yp = pl.forward(x.feats)
                     rec["err"] = f"{rel_err(yp, y_ref):.1e}" if y_ref is not None else "-"
-                    rec["fwd_us"] = timeit(lambda: pl.forward(x.feats), args.iters, args.warmup, device)
-                xf = x.feats.detach().clone().requires_grad_(True)
+                fp = pl.feats_peer(x.feats)
+                xf = pl.feats_peer(x.feats).detach().clone().requires_grad_(True)
                 pw.requires_grad_(True)
+                dy_peer = pl.dy_peer(dy)
 
-                def peer_fb():
+                def peer_fb(pl=pl, xf=xf, pw=pw, dy_peer=dy_peer):
                     if args.zero_grad:
                         xf.grad = pw.grad = None
-                    pl.fwd_bwd(xf, pw, dy)
-                rec["fwdbwd_us"] = timeit(peer_fb, args.iters, args.warmup, device)
+                    pl.fwd_bwd(xf, pw, dy_peer)
+                timers += [(rec, "fwd_us", lambda pl=pl, fp=fp: pl.call(fp), False),
+                           (rec, "fwdbwd_us", peer_fb, True)]
                 rec["note"] = pl.note
             except peerlib.PeerUnavailable as e:
                 rec["note"] = f"n/a ({e})"
@@ -313,7 +335,25 @@ def main():
                 rec["note"] = f"MISMATCH ({e})"
             except Exception as e:  # noqa: BLE001
                 rec["note"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+        failed = set()
+        for _ in range(args.rounds):
+            for rec, key, fn, grad in timers:
+                if id(rec) in failed:
+                    continue
+                try:
+                    with torch.set_grad_enabled(grad):
+                        rec.setdefault("rounds", {}).setdefault(key, []).append(
+                            timeit(fn, args.iters, args.warmup, device))
+                except Exception as e:  # noqa: BLE001
+                    failed.add(id(rec))
+                    rec["note"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+        for rec in recs:
+            if id(rec) in failed:
+                rec.pop("rounds", None)
+            for key, vals in rec.get("rounds", {}).items():
+                rec[key] = statistics.median(vals)
             emit(rec)
+        timers = recs = None  # their closures hold the layer's tensors
         del x, w, km, pdesc
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -332,9 +372,10 @@ def main():
     for name in dict.fromkeys(r["layer"] for r in rows):
         rs = [r for r in rows if r["layer"] == name]
         fl = [r for r in rs if r["impl"] == "floor"][0]
-        tsp = [r for r in rs if r["impl"].startswith("torchsp") and r.get("fwd_us")]
-        prs = [r for r in rs if r["impl"] not in ("floor",) and not r["impl"].startswith("torchsp")
-               and r.get("fwd_us")]
+        # torchsp's rows are "torchsp <algo>"; a peer's name may start with the same letters
+        # (torchsparse)
+        tsp = [r for r in rs if r["impl"].startswith("torchsp ") and r.get("fwd_us")]
+        prs = [r for r in rs if r["impl"] != "floor" and not r["impl"].startswith("torchsp ") and r.get("fwd_us")]
         bt = min(tsp, key=lambda r: r["fwd_us"]) if tsp else None
         bp = min(prs, key=lambda r: r["fwd_us"]) if prs else None
         btf = min((r["fwdbwd_us"] for r in tsp if r.get("fwdbwd_us")), default=None)

@@ -2,19 +2,26 @@
 
 Each adapter takes the same voxels and the same weights as torchsp ([V, Cin, Cout],
 k = (ix * Ky + iy) * Kz + iz, delta_k = (i * d - p) * t, DESIGN.md section 2), converts
-them to the peer's layout, and returns a callable whose output rows are put in torchsp's
-output order, so bench.py can print the relative error against torchsp before timing.
+them to the peer's layout, and returns a PeerLayer: the peer's own call (timed in the peer's
+row orders) and the row permutations to torchsp's orders, applied outside the timed region, so
+bench.py can print the relative error against torchsp before timing.  (Until 2026-11-25 the
+timed peer call included that reordering: a row gather of the output, of dy, and for 'up' of the
+input, which made the peers' times longer by tens of microseconds.)
 
-Peers (none is vendored; see .peers/BUILD.sh, untracked, for how they are made importable):
+Peers (none is vendored; see .peers/BUILD_peers.sh, untracked, for how they are made importable):
   spconv       spconv 2.x (pip wheel spconv-cu12x): SubMConv3d / SparseConv3d / SparseInverseConv3d,
                weight [Cout, Kx, Ky, Kz, Cin]; regular strided convs cannot reuse their pairs in
                spconv, so their forward includes the pair build (noted in the table).
-  flexgemm     FlexGEMM (Triton + small CUDA ext, built in .peers/flexgemm_src by .peers/BUILD_flexgemm.sh):
+  flexgemm     FlexGEMM (Triton + small CUDA ext, built in place in .peers/fg_src by .peers/BUILD_peers.sh):
                sparse_submanifold_conv3d / sparse_conv3d with a cached neighbor map, weight
                [Cout, Kx, Ky, Kz, Cin]; no transposed conv ('up' emulated, see _flexgemm);
                FLEXGEMM_ALGO picks its algorithm (default masked_implicit_gemm_splitk).
-  torchsparse  TorchSparse++ v2.1 (CUDA ext): torchsparse.nn.functional.conv3d, weight [V, Cin, Cout]
-               with x-fastest offsets for odd kernels (MinkowskiEngine order), z-fastest for even.
+  torchsparse  TorchSparse++ v2.1 (CUDA ext, built in place by .peers/BUILD_peers.sh with google
+               sparsehash headers and one include patch for CUDA 13): torchsparse.nn.functional.conv3d,
+               weight [V, Cin, Cout] with x-fastest offsets for odd kernels (MinkowskiEngine order),
+               z-fastest for even; compact coordinates (divided by the tensor stride); "torchsparse:M"
+               runs its conv mode M (0 unsorted, 1 mask-sorted, 2 sorted with 3 mask splits), the
+               choices its own group tuner picks from.
   warpconvnet  WarpConvNet: import is probed and reported; no adapter yet.
 
 Layer description (dict) given by bench.py:
@@ -80,10 +87,30 @@ def _w_krsc(w, K):
 
 
 class PeerLayer:
-    def __init__(self, forward, fwd_bwd, note=""):
-        self.forward = forward        # feats -> out feats (torchsp row order)
-        self.fwd_bwd = fwd_bwd        # (feats with grad, weight, dy) -> None
+    """A peer's layer as bench.py times it.  The timed calls work in the peer's own row orders,
+    so the permutations that line its rows up with torchsp's are applied outside the timed
+    region: `in_perm` (input rows: feats_peer = feats[in_perm]; None where the peer takes
+    torchsp's input order) and `perm` (output rows: theirs[perm] == ours), once to check the
+    output and once to put feats and dy in the peer's orders before the timings."""
+
+    def __init__(self, call, fwd_bwd, perm, note="", in_perm=None):
+        self.call = call              # feats in the peer's input order -> out feats in its output order (timed)
+        self.fwd_bwd = fwd_bwd        # (feats with grad, weight, dy in the peer's output order) -> None (timed)
+        self.perm = perm              # [N_out] int64: peer output row of each torchsp output row
+        self.in_perm = in_perm        # [N_in] int64 or None: torchsp input row of each peer input row
         self.note = note
+
+    def feats_peer(self, feats):
+        """feats [N_in, Cin] in torchsp's row order -> the peer's input order."""
+        return feats if self.in_perm is None else feats[self.in_perm]
+
+    def forward(self, feats):
+        """Output in torchsp's row order, from feats in torchsp's order (error check; not timed)."""
+        return self.call(self.feats_peer(feats))[self.perm]
+
+    def dy_peer(self, dy):
+        """dy [N_out, Cout] in torchsp's row order -> the peer's output order."""
+        return _scatter_rows(dy, self.perm)
 
 
 # --------------------------------------------------------------------------- spconv
@@ -145,10 +172,9 @@ def _spconv(L):
         cache = yc.indice_dict
         out_idx = fine_idx
         note = ""
-        inner_make = lambda feats: yc.replace_feature(feats[perm_in])  # noqa: E731
 
-        def make(feats):
-            return inner_make(feats)
+        def make(feats):                               # feats in spconv's coarse order (in_perm)
+            return yc.replace_feature(feats)
         # output of inverse conv = fine indices in xf order
     # row order of the output
     if kind == "up":
@@ -161,13 +187,12 @@ def _spconv(L):
         ours_out[:, 1:] = torch.div(ours_out[:, 1:] + sh, t_out, rounding_mode="floor")
         perm = row_perm(ours_out, out_idx)
 
-    def forward(feats):
-        return conv(make(feats)).features[perm]
+    def native(feats):
+        return conv(make(feats)).features
 
-    def fwd_bwd(feats, weight_unused, dy):
-        y = conv(make(feats)).features
-        y.backward(_scatter_rows(dy, perm))
-    return PeerLayer(forward, fwd_bwd, note), conv.weight
+    def fwd_bwd(feats, weight_unused, dy_peer):
+        conv(make(feats)).features.backward(dy_peer)
+    return PeerLayer(native, fwd_bwd, perm, note, perm_in if kind == "up" else None), conv.weight
 
 
 def _scatter_rows(dy, perm):
@@ -269,12 +294,9 @@ def _flexgemm(L):
             return fg.sparse_conv3d(feats, cin, shape, weight, bias, neighbor_cache=cache, out_coords=out,
                                     stride=stride, padding=padding)[0]
 
-    def forward(feats):
-        return call(feats)[perm]
-
-    def fwd_bwd(feats, _w, dy):
-        call(feats).backward(_scatter_rows(dy, perm))
-    return PeerLayer(forward, fwd_bwd, note), weight
+    def fwd_bwd(feats, _w, dy_peer):
+        call(feats).backward(dy_peer)
+    return PeerLayer(call, fwd_bwd, perm, note), weight
 
 
 # --------------------------------------------------------------------------- TorchSparse++
@@ -286,12 +308,33 @@ def _w_torchsparse(w, K):
     return w.contiguous()
 
 
-def _torchsparse(L):
+def _torchsparse_config(F, mode):
+    """TorchSparse++'s implicit-GEMM configuration of conv mode 0 (unsorted), 1 (mask-sorted) or
+    2 (sorted, 3 mask splits) -- the choices its group tuner picks from.  A fresh dict each time:
+    its get_default_conv_config() edits and returns the module's one default."""
+    if mode not in (0, 1, 2):
+        raise PeerUnavailable(f"torchsparse: conv mode {mode} (0, 1 or 2)")
+    cfg = F.conv_config.get_default_conv_config()
+    cfg = type(cfg)(list(cfg.items()))
+    cfg.dataflow = F.Dataflow.ImplicitGEMM
+    cfg.kmap_mode = "hashmap_on_the_fly"
+    cfg.ifsort = mode >= 1
+    cfg.split_mask_num = 3 if mode == 2 else 1
+    return cfg
+
+
+def _torchsparse(L, variant=None):
+    """TorchSparse++ v2.1 (torchsparse.nn.functional.conv3d).  `variant`: its conv mode (0, 1, 2;
+    default 1, TORCHSPARSE_MODE), passed as an explicit config; training=True (TORCHSPARSE_TRAINING)
+    builds the backward's maps too, as a training call does.  The kernel map is built once and
+    handed back through the tensor's caches in every call, as its models reuse it."""
     try:
         import torchsparse
         import torchsparse.nn.functional as F
     except Exception as e:  # noqa: BLE001
         raise PeerUnavailable(f"torchsparse: {type(e).__name__}: {e}")
+    mode = int(variant if variant is not None else os.environ.get("TORCHSPARSE_MODE", "1"))
+    cfg = _torchsparse_config(F, mode)
     K, Ci, Co, dev, dt = L["K"], L["Cin"], L["Cout"], L["device"], L["dtype"]
     kind = L["kind"]
     cin, sh = _shift(L["coords_out"] if kind == "up" else L["coords_in"])
@@ -301,19 +344,30 @@ def _torchsparse(L):
     weight = _w_torchsparse(L["weight"], K).requires_grad_(True)
     t_in = L["t_in"]
     training = os.environ.get("TORCHSPARSE_TRAINING", "1") == "1"
+    in_perm = None
 
     if kind == "up":
         fine, _ = _shift(L["coords_out"])
-        xf = torchsparse.SparseTensor(torch.zeros(fine.shape[0], Co, device=dev, dtype=dt), fine, 1)
+        # a spatial range with a margin: without one TorchSparse takes the tight box of the coordinates
+        # and, as a dense conv would, drops strided outputs whose window leaves it
+        xf = torchsparse.SparseTensor(torch.zeros(fine.shape[0], Co, device=dev, dtype=dt), fine, 1,
+                                      spatial_range=(1, *_extent(fine)))
+        # its transposed conv reads the finer coordinates from the cache's cmaps, which its convs
+        # fill for their outputs (a model's stride-1 layers would have): fill it for the fine tensor
+        xf._caches.cmaps.setdefault(xf.stride, (xf.coords, xf.spatial_range))
         wd = torch.zeros(K ** 3, Co, Ci, device=dev, dtype=dt)
-        yc = F.conv3d(xf, wd, K, stride=2, padding=0, training=training)
-        perm_in = row_perm(yc.coords, cin)             # cin[perm_in] == torchsparse coarse order
+        yc = F.conv3d(xf, wd, K, stride=2, padding=0, config=cfg, training=training)
+        # TorchSparse v2.1 keeps coordinates compact (divided by the tensor stride)
+        coarse = cin.clone()
+        coarse[:, 1:] = torch.div(coarse[:, 1:], 2, rounding_mode="floor")
+        in_perm = row_perm(yc.coords, coarse)          # coarse[in_perm] == torchsparse coarse order
         caches = yc._caches
 
-        def call(feats):
-            x = torchsparse.SparseTensor(feats[perm_in], yc.coords, yc.stride, spatial_range=yc.spatial_range)
+        def call(feats):                               # feats in torchsparse's coarse order
+            x = torchsparse.SparseTensor(feats, yc.coords, yc.stride, spatial_range=yc.spatial_range)
             x._caches = caches
-            return F.conv3d(x, weight, K, stride=2, padding=0, transposed=True, training=training).feats
+            return F.conv3d(x, weight, K, stride=2, padding=0, transposed=True, config=cfg,
+                            training=training).feats
         perm = torch.arange(fine.shape[0], device=dev)   # transposed output = xf's rows, in xf's order
         y = call(torch.zeros(cin.shape[0], Ci, device=dev, dtype=dt))
         if y.shape[0] != fine.shape[0]:
@@ -321,24 +375,24 @@ def _torchsparse(L):
     else:
         stride = 1 if kind == "subm" else 2
         pad = (K - 1) // 2 if kind != "subm" or K % 2 else 0
-        x0 = torchsparse.SparseTensor(torch.zeros(cin.shape[0], Ci, device=dev, dtype=dt), cin, t_in)
-        y0 = F.conv3d(x0, weight.detach(), K, stride=stride, padding=pad, training=training)
+        # TorchSparse v2.1 keeps coordinates compact (divided by the tensor stride)
+        cin[:, 1:] = torch.div(cin[:, 1:], t_in, rounding_mode="floor")
+        x0 = torchsparse.SparseTensor(torch.zeros(cin.shape[0], Ci, device=dev, dtype=dt), cin, t_in,
+                                      spatial_range=None if kind == "subm" else (1, *_extent(cin)))
+        y0 = F.conv3d(x0, weight.detach(), K, stride=stride, padding=pad, config=cfg, training=training)
         caches = x0._caches
         ours_out = L["coords_out"].clone()
-        ours_out[:, 1:] += sh
+        ours_out[:, 1:] = torch.div(ours_out[:, 1:] + sh, t_in * stride, rounding_mode="floor")
         perm = row_perm(ours_out, y0.coords)
 
         def call(feats):
             x = torchsparse.SparseTensor(feats, cin, t_in, spatial_range=x0.spatial_range)
             x._caches = caches
-            return F.conv3d(x, weight, K, stride=stride, padding=pad, training=training).feats
+            return F.conv3d(x, weight, K, stride=stride, padding=pad, config=cfg, training=training).feats
 
-    def forward(feats):
-        return call(feats)[perm]
-
-    def fwd_bwd(feats, _w, dy):
-        call(feats).backward(_scatter_rows(dy, perm))
-    return PeerLayer(forward, fwd_bwd, f"training={training}"), weight
+    def fwd_bwd(feats, _w, dy_peer):
+        call(feats).backward(dy_peer)
+    return PeerLayer(call, fwd_bwd, perm, f"mode {mode}, training={training}", in_perm), weight
 
 
 def _warpconvnet(L):
@@ -368,5 +422,13 @@ def probe():
 
 
 def build(peer, layer):
-    """(PeerLayer, peer weight parameter) or raise PeerUnavailable / PeerMismatch."""
-    return ADAPTERS[peer](layer)
+    """(PeerLayer, peer weight parameter) or raise PeerUnavailable / PeerMismatch.  `peer` is a
+    name of PEERS, or name:variant where the adapter takes one (torchsparse:0/1/2, its conv mode)."""
+    name, _, variant = peer.partition(":")
+    if name not in ADAPTERS:
+        raise PeerUnavailable(f"unknown peer {peer!r} (one of {', '.join(PEERS)})")
+    if variant:
+        if name != "torchsparse":
+            raise PeerUnavailable(f"{name}: takes no variant ({peer!r})")
+        return ADAPTERS[name](layer, variant)
+    return ADAPTERS[name](layer)
