@@ -51,7 +51,8 @@ def _run_tool(name, *args):
 def test_bench_tools_run_on_cpu():
     """The benchmark tools' CPU smoke tests (the GPU runs use the same code paths)."""
     data = [os.path.join(REPO, "..", "shared", "data", "lidar_198k.npz"),
-            os.path.join(REPO, "shared", "data", "lidar_198k.npz")]
+            os.path.join(REPO, "shared", "data", "lidar_198k.npz"),
+            os.path.join(REPO, "torchsp", "data", "lidar_198k.npz")]
     if not any(os.path.exists(p) for p in data):
         pytest.skip("needs shared/data/lidar_198k.npz")
     out = _run_tool("bench.py", "--device", "cpu", "--dtype", "fp32", "--voxel-scale", "20", "--iters", "1",
@@ -108,7 +109,8 @@ def test_mask_waste_counts_tiles():
     assert mw.tile_products(mask, order, cols, 1) == int(mask[:, cols].sum())
     assert mw.bits([True, False, True]) == 5
     data = [os.path.join(REPO, "..", "shared", "data", "lidar_198k.npz"),
-            os.path.join(REPO, "shared", "data", "lidar_198k.npz")]
+            os.path.join(REPO, "shared", "data", "lidar_198k.npz"),
+            os.path.join(REPO, "torchsp", "data", "lidar_198k.npz")]
     if not any(os.path.exists(p) for p in data):
         pytest.skip("needs shared/data/lidar_198k.npz")
     out = _run_tool("mask_waste.py", "--voxel-sizes", "0.4", "--densities", "0.3", "0.2")
