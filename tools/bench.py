@@ -204,6 +204,9 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG bar plot (matplotlib, imported lazily)")
     args = ap.parse_args()
+    if args.rounds < 1 or args.iters < 1 or args.warmup < 0:
+        ap.error(f"--rounds and --iters must be >= 1 and --warmup >= 0, got --rounds {args.rounds}, "
+                 f"--iters {args.iters}, --warmup {args.warmup}")
     args.data = find_data(args.data)
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
