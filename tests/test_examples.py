@@ -48,13 +48,27 @@ def _run_tool(name, *args):
                        TORCHSP_CACHE_DIR=os.path.join(REPO, "build", "tool_test_cache"))
 
 
-def test_bench_tools_run_on_cpu():
-    """The benchmark tools' CPU smoke tests (the GPU runs use the same code paths)."""
+def _needs_scan():
+    """Skip unless the tools' scan is there (tools/bench.py find_data's places)."""
     data = [os.path.join(REPO, "..", "shared", "data", "lidar_198k.npz"),
             os.path.join(REPO, "shared", "data", "lidar_198k.npz"),
             os.path.join(REPO, "torchsp", "data", "lidar_198k.npz")]
     if not any(os.path.exists(p) for p in data):
         pytest.skip("needs shared/data/lidar_198k.npz")
+
+
+def _load_tool(name):
+    """tools/<name>.py as a module (tools/ is no package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "tools", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_tools_run_on_cpu():
+    """The benchmark tools' CPU smoke tests (the GPU runs use the same code paths)."""
+    _needs_scan()
     out = _run_tool("bench.py", "--device", "cpu", "--dtype", "fp32", "--voxel-scale", "20", "--iters", "1",
                     "--warmup", "0", "--peers", "none", "--layers", "subm3_c32", "--algos", "0", "auto", "--zero-grad",
                     "--autograd-single-thread")
@@ -68,10 +82,7 @@ def test_bench_tools_run_on_cpu():
 def test_peer_layer_row_orders():
     """tools/peers.py's PeerLayer puts rows in and out of a peer's own orders outside the timed
     calls: forward() must return torchsp's output order, dy_peer() the peer's."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("peers", os.path.join(REPO, "tools", "peers.py"))
-    peers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peers)
+    peers = _load_tool("peers")
     g = torch.Generator().manual_seed(3)
     n = 11
     in_perm = torch.randperm(n, generator=g)       # peer input row j = torchsp input row in_perm[j]
@@ -95,10 +106,7 @@ def test_peer_layer_row_orders():
 
 def test_mask_waste_counts_tiles():
     """tools/mask_waste.py: tile products against a direct count, and the CLI on the scan."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("mask_waste", os.path.join(REPO, "tools", "mask_waste.py"))
-    mw = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mw)
+    mw = _load_tool("mask_waste")
     rng = np.random.default_rng(5)
     mask = rng.random((203, 9)) < 0.3
     order = rng.permutation(203)
@@ -108,10 +116,6 @@ def test_mask_waste_counts_tiles():
     # with a tile of one row, an order computes exactly its rows' pairs
     assert mw.tile_products(mask, order, cols, 1) == int(mask[:, cols].sum())
     assert mw.bits([True, False, True]) == 5
-    data = [os.path.join(REPO, "..", "shared", "data", "lidar_198k.npz"),
-            os.path.join(REPO, "shared", "data", "lidar_198k.npz"),
-            os.path.join(REPO, "torchsp", "data", "lidar_198k.npz")]
-    if not any(os.path.exists(p) for p in data):
-        pytest.skip("needs shared/data/lidar_198k.npz")
+    _needs_scan()
     out = _run_tool("mask_waste.py", "--voxel-sizes", "0.4", "--densities", "0.3", "0.2")
     assert "one segment, torchsp's mask order: computed" in out and "sparse seg" in out

@@ -50,11 +50,11 @@ def bits(cols):
     return m - (1 << 64) if m >= 1 << 63 else m
 
 
-def density_split(nbmap, density, tile):
+def density_split(nbmap, mask, density, tile):
     """(computed products of both segments, of the dense one, of the sparse one, rows of the sparse
-    segment) for the split at `density` (fraction of rows that have an offset)."""
+    segment) for the split at `density` (fraction of rows that have an offset); mask = nbmap >= 0
+    as a numpy bool array."""
     from torchsp.kmap import mask_order
-    mask = (nbmap >= 0).numpy()
     dense = mask.mean(0) >= density
     sparse = ~dense
     a = tile_products(mask, mask_order(nbmap, bits(dense)).long().numpy(), dense, tile) if dense.any() else 0
@@ -97,14 +97,14 @@ def main():
         print(f"\n## {os.path.basename(path)} at {vs:g} m: {n} rows, {pairs} pairs ({pairs / max(n, 1):.2f}/row), "
               f"{args.tile}-row tiles")
         print(f"one segment, torchsp's mask order: computed {one / pairs:.3f} x pairs (useful share {pairs / one:.3f})")
-        dens = np.sort(mask.mean(0))[::-1]
-        print("offset densities (fraction of rows): " + " ".join(f"{d:.3f}" for d in dens))
+        density = mask.mean(0)
+        print("offset densities (fraction of rows): " + " ".join(f"{d:.3f}" for d in np.sort(density)[::-1]))
         print(f"{'density':>8s} {'dense':>6s} {'computed':>9s} {'dense seg':>10s} {'sparse seg':>11s} "
               f"{'sparse rows':>12s} {'RAW MB':>7s}")
         for d in args.densities:
-            tot, a, b, rows_b = density_split(nbmap, d, args.tile)
+            tot, a, b, rows_b = density_split(nbmap, mask, d, args.tile)
             raw_mb = rows_b * args.channels * 2 * 2 / 1e6   # fp16 read + write of the sparse rows
-            print(f"{d:8.3f} {int((mask.mean(0) >= d).sum()):6d} {tot / pairs:9.3f} {a / pairs:10.3f} "
+            print(f"{d:8.3f} {int((density >= d).sum()):6d} {tot / pairs:9.3f} {a / pairs:10.3f} "
                   f"{b / pairs:11.3f} {rows_b / max(n, 1):12.2f} {raw_mb:7.1f}")
 
 
