@@ -79,30 +79,41 @@ inline int32_t check_order(const std::optional<at::Tensor> &o, int64_t rows, con
 }
 
 /* A segmented plan (tsp_segment, torchsp/plan.py): flat [start, count,
-** offsets, all_rows] per segment, indexing the row list `order` of a map
-** with `rows` rows and `volume` offsets.  Empty: no segments. */
+** offsets, flags] per segment (flags = all_rows | 2 * add_out | 4 * plan),
+** indexing the row list `order` of a map with `rows` rows and `volume`
+** offsets.  Empty: no segments. */
 inline std::vector<tsp_segment> make_segments(c10::IntArrayRef v, const std::optional<at::Tensor> &order,
                                               int64_t rows, int64_t volume, const char *op,
                                               const char *arg, const char *order_arg) {
   std::vector<tsp_segment> segs;
   if (v.empty()) return segs;
-  TORCH_CHECK(v.size() % 4 == 0, op, ": ", arg, " must hold [start, count, offsets, all_rows] per segment, got ",
+  TORCH_CHECK(v.size() % 4 == 0, op, ": ", arg, " must hold [start, count, offsets, flags] per segment, got ",
               v.size(), " numbers");
   TORCH_CHECK(order.has_value() && order->defined(), op, ": ", arg, " needs the row list ", order_arg);
   TORCH_CHECK(volume <= 64, op, ": ", arg, ": segmented passes take at most 64 offsets, got ", volume);
   const int64_t listed = order->size(0);
+  bool adding = false;
   for (size_t i = 0; i < v.size(); i += 4) {
     tsp_segment g;
     g.start = v[i];
     g.count = v[i + 1];
     g.offsets = static_cast<uint64_t>(v[i + 2]);
-    g.all_rows = static_cast<int32_t>(v[i + 3]);
-    TORCH_CHECK(g.start >= 0 && g.count >= 0 && g.start <= listed - g.count, op, ": ", arg, " segment ",
-                i / 4, " [start ", g.start, ", count ", g.count, "] is outside ", order_arg, " (",
-                listed, " entries)");
-    TORCH_CHECK(g.all_rows == 0 || (g.all_rows == 1 && g.count == rows), op, ": ", arg, " segment ",
-                i / 4, ": all_rows must be 0, or 1 with count == ", rows, " rows, got all_rows ",
-                v[i + 3], " and count ", g.count);
+    const int64_t flags = v[i + 3];
+    TORCH_CHECK(flags >= 0 && flags <= 7, op, ": ", arg, " segment ", i / 4,
+                ": flags must be all_rows | 2 * add_out | 4 * plan (0 to 7), got ", flags);
+    g.all_rows = static_cast<int32_t>(flags & 1);
+    g.add_out = static_cast<int32_t>((flags >> 1) & 1);
+    g.plan = static_cast<int32_t>((flags >> 2) & 1);
+    /* a plan segment also lists its rows' map entries after its row entries */
+    const int64_t per_row = g.plan ? 1 + volume : 1;
+    TORCH_CHECK(g.start >= 0 && g.count >= 0 && g.start <= listed && g.count <= (listed - g.start) / per_row,
+                op, ": ", arg, " segment ", i / 4, " [start ", g.start, ", count ", g.count,
+                g.plan ? ", with its map rows" : "", "] is outside ", order_arg, " (", listed, " entries)");
+    TORCH_CHECK(!g.all_rows || g.count == rows, op, ": ", arg, " segment ", i / 4,
+                ": all_rows (flags bit 0) needs count == ", rows, " rows, got count ", g.count);
+    TORCH_CHECK(g.add_out || !adding, op, ": ", arg, " segment ", i / 4,
+                ": segments that add into the output (flags bit 1) must come after all others");
+    adding = adding || g.add_out;
     TORCH_CHECK(volume == 64 || (g.offsets >> volume) == 0, op, ": ", arg, " segment ", i / 4,
                 ": offsets mask ", v[i + 2], " names offsets past V = ", volume);
     segs.push_back(g);
@@ -137,8 +148,11 @@ inline void check_same_device(const at::Tensor &a, const char *an, const at::Ten
 inline tsp_algo make_algo(c10::IntArrayRef v, const char *op, const char *arg) {
   TORCH_CHECK(v.size() == 4, op, ": ", arg,
               " must be [dataflow, tile, split, threshold], got ", v);
-  TORCH_CHECK(v[0] >= 0 && v[0] <= 4, op, ": ", arg, "[0] (dataflow) must be 0, 1, 2, 3 or 4, got ",
+  TORCH_CHECK(v[0] >= 0 && v[0] <= 5, op, ": ", arg, "[0] (dataflow) must be 0, 1, 2, 3, 4 or 5, got ",
               v[0]);
+  TORCH_CHECK(v[0] != TSP_DATAFLOW_DENSITY_SPLIT || (v[3] >= 1 && v[3] <= 100), op, ": ", arg,
+              "[3] (threshold) of the density split (dataflow 5) is the share of rows, in percent, from "
+              "which an offset counts as common: 1 to 100, got ", v[3]);
   TORCH_CHECK(v[0] != TSP_DATAFLOW_GATHER_GEMM_SCATTER || (v[3] >= 0 && v[3] <= 0x7fffffff), op, ": ", arg,
               "[3] (threshold) of gather-GEMM-scatter (dataflow 4) is the padding a group may add, in "
               "percent, >= 0, got ", v[3]);

@@ -94,12 +94,17 @@ typedef enum {
   TSP_DATAFLOW_HYBRID = 2,            /* offsets with L1 < threshold OS, rest WS (CUDA: segments; CPU: as 0) */
   TSP_DATAFLOW_SPLIT_K = 3,           /* output-stationary, each tile's offsets cut into algo.split runs
                                          summed by separate blocks of one launch (CUDA; CPU: as 0) */
-  TSP_DATAFLOW_GATHER_GEMM_SCATTER = 4 /* TorchSparse's gather-GEMM-scatter, offsets batched into
+  TSP_DATAFLOW_GATHER_GEMM_SCATTER = 4, /* TorchSparse's gather-GEMM-scatter, offsets batched into
                                          groups of similar pair counts (algo.threshold: the padding
                                          a group may add, in percent of its pairs), one cuBLAS bmm
                                          per group (CUDA forward and dgrad with segments: the shim,
                                          csrc/shim_ggs.cpp; without segments and for wgrad: as 0;
                                          CPU: as 1) */
+  TSP_DATAFLOW_DENSITY_SPLIT = 5      /* output-stationary in two segments: the offsets that at
+                                         least algo.threshold percent of the rows have, over all
+                                         rows; then the rest, over only the rows that have any,
+                                         added into the output (CUDA: segments, torchsp/plan.py;
+                                         CPU and wgrad: as 0) */
 } tsp_dataflow;
 
 /* Largest algo.split of split-K (TSP_DATAFLOW_SPLIT_K): its fp32 partials take
@@ -158,14 +163,25 @@ typedef struct {
 **   - weight-stationary (fetch-on-demand): one segment per offset k over its
 **     pair list (kernel_map_pairs), offsets = 1 << k; every tile is full;
 **   - hybrid (Spira): weight-stationary segments for the offsets with L1 norm
-**     >= t, then one segment over all rows for the rest.
+**     >= t, then one segment over all rows for the rest;
+**   - density split: the common offsets over all rows, then the rare ones
+**     over the rows that have any (add_out).
 ** A row appears at most once per segment (the sums are plain read-add-write,
-** no atomics: deterministic). */
+** no atomics: deterministic).  Segments with add_out come after all others:
+** those first produce the output as if alone, then each add_out segment adds
+** its sums into it (read in the output's dtype, fp32 add, one more rounding)
+** instead of into fp32 partials, so a plan whose other segments are one
+** all-rows segment needs no fp32 workspace and no rounding pass.  The flat
+** int list of the ops holds [start, count, offsets, flags] per segment, flags
+** = all_rows | 2 * add_out | 4 * plan. */
 typedef struct {
   int64_t start;     /* first entry of the segment's rows in order / order_t */
   int64_t count;     /* how many rows */
   uint64_t offsets;  /* bit k: offset k takes part */
   int32_t all_rows;  /* 1 when the rows are every map row (a permutation, count == rows) */
+  int32_t add_out;   /* 1: adds into the output the segments before produced (see above) */
+  int32_t plan;      /* 1: the `count` row entries are followed in order / order_t by the
+                        map rows in that order [count, V] (a tile plan, tsp_mask_plan_*) */
 } tsp_segment;
 
 /* Sizes of one convolution.  Forward: x [n_in, c_in] -> y [n_out, c_out].

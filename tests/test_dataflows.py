@@ -40,6 +40,14 @@ DATAFLOWS = {
     "ggs": [4, 0, 0, 0],
     "ggs50": [4, 0, 0, 50],
     "ggs_one_bmm": [4, 0, 0, 6400],
+    # density split: offsets >= d% of rows over all rows (stored), the rest over the rows that
+    # have any (added into the output); tile 3 mma.sync, 9 wgmma, 15 warp-specialized (its
+    # producers read each segment's map rows from the plan)
+    "density20": [5, 0, 0, 20],
+    "density50_t3": [5, 3, 0, 50],
+    "density35_t9": [5, 9, 0, 35],
+    "density10_t15": [5, 15, 0, 10],
+    "density100": [5, 0, 0, 100],  # common: the offsets every row has (a submanifold's centre)
 }
 # Split-K (dataflow 3): no segments; each tile's used offsets cut into S runs summed by separate
 # blocks into fp32 slabs (S = 5 leaves uneven and, on rows with few offsets, empty runs).
@@ -57,15 +65,22 @@ _poison_cache = poison_cuda_cache
 
 
 def _covered(nbmap, seq, segs):
-    """Count per (row, offset) of how often the plan's segments sum it (dense [N, V] int)."""
+    """Count per (row, offset) of how often the plan's segments sum it (dense [N, V] int); also
+    checks each segment's flags (all_rows | 2 * add_out | 4 * plan, csrc/torchsp.h): all_rows
+    segments list every row, add_out segments come last, a plan segment's map rows follow its rows."""
     n, v = nbmap.shape
     cover = torch.zeros(n, v, dtype=torch.long)
+    adding = False
     for i in range(0, len(segs), 4):
-        start, count, bits, all_rows = segs[i:i + 4]
+        start, count, bits, flags = segs[i:i + 4]
         rows = seq[start:start + count].long()
         ks = [k for k in range(v) if (bits >> k) & 1]
-        if all_rows:
+        if flags & 1:
             assert sorted(rows.tolist()) == list(range(n))
+        assert not adding or flags & 2, "a segment that produces the output after one that adds into it"
+        adding = bool(flags & 2)
+        if flags & 4:
+            assert torch.equal(seq[start + count:start + count * (1 + v)].view(count, v), nbmap[rows])
         assert rows.unique().numel() == rows.numel(), "a row twice in one segment"
         for k in ks:
             present = nbmap[rows, k] >= 0
@@ -86,6 +101,11 @@ def test_plan_covers_every_pair_once(name, kernel):
         if nb.shape[1] > 63:
             continue
         seq, segs = _build(kmap, which, algo, geom.kernel_size, geom.dilation, geom.padding)
+        if algo[0] == 5 and not segs:  # every offset common, or none: the plain pass
+            common, rare = torchsp.plan.density_offsets(nb, algo[3])
+            assert not common or not rare, (name, which)
+            assert seq is (kmap.order if which == "fwd" else kmap.order_t)
+            continue
         assert len(segs) % 4 == 0 and len(segs) > 0
         assert torch.equal(_covered(nb, seq, segs), (nb >= 0).long()), (name, which)
 
@@ -155,6 +175,14 @@ def test_segments_bad_input(device):
         ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, seq, None, [0, n, 1 << 27, 1])
     with pytest.raises(RuntimeError, match="segs_t segment 0.*outside order_t"):
         ops.conv_dgrad(randn(n, 8, dtype=dt, device=device), w, km.nbmap_t, a, seq, [-1, 2, 1, 0])
+    with pytest.raises(RuntimeError, match="segs segment 0: flags must be"):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, seq, None, [0, n, 1, 8])
+    with pytest.raises(RuntimeError, match="segs segment 1: segments that add into the output"):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, seq, None, [0, 2, 1, 2, 0, n, 2, 1])
+    with pytest.raises(RuntimeError, match="segs segment 0.*with its map rows.*outside order"):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, seq, None, [0, n, 1, 5])
+    with pytest.raises(RuntimeError, match=r"algo\[3\] \(threshold\) of the density split"):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, [5, 0, 0, 0], a, a, seq, None, [])
 
 
 @needs_cuda

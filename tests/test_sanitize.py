@@ -172,13 +172,15 @@ def test_wide_tiles():
 
 
 @pytest.mark.parametrize("algo", [[0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 2], [1, 9, 0, 0], [2, 9, 0, 1],
-                                  [1, 14, 0, 0], [2, 14, 0, 1], [4, 0, 0, 0], [4, 0, 0, 6400]],
+                                  [1, 14, 0, 0], [2, 14, 0, 1], [4, 0, 0, 0], [4, 0, 0, 6400], [5, 0, 0, 50],
+                                  [5, 3, 0, 50], [5, 15, 0, 50]],
                          ids=["split2", "ws", "hybrid2", "ws_t9", "hybrid1_t9", "ws_t14", "hybrid1_t14", "ggs",
-                              "ggs_one_bmm"])
+                              "ggs_one_bmm", "density50", "density50_t3", "density50_t15"])
 def test_segmented_dataflows(algo):
-    """Segmented plans (torchsp/plan.py: mask splits, weight-stationary, hybrid, gather-GEMM-scatter)
-    under the sanitizers: fp32 partial sums in the workspace, pair-list rows, gathered batches padded
-    to their group's largest offset, fwd and dgrad."""
+    """Segmented plans (torchsp/plan.py: mask splits, weight-stationary, hybrid, gather-GEMM-scatter,
+    density split) under the sanitizers: fp32 partial sums in the workspace, pair-list rows,
+    gathered batches padded to their group's largest offset, segments with their map rows that add
+    into the output, fwd and dgrad."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=12)
     geom = torchsp.kmap.ConvGeometry(3)
     km = torchsp.kmap.get_kernel_map(x, geom)[0]
@@ -192,8 +194,8 @@ def test_segmented_dataflows(algo):
 
 
 @pytest.mark.parametrize("algo", [[0, 11, 0, 0], [0, 11, 0, -1], [0, 11, 2, 0], [1, 11, 0, 0], [2, 11, 0, 2],
-                                  [4, 11, 0, 50]],
-                         ids=["sorted", "unsorted", "split2", "ws", "hybrid2", "ggs50"])
+                                  [4, 11, 0, 50], [5, 11, 0, 50]],
+                         ids=["sorted", "unsorted", "split2", "ws", "hybrid2", "ggs50", "density50"])
 def test_tf32_kernels(algo):
     """The tf32 kernels (tile 11 on float32: conv_tf32.cu forward and dgrad in each dataflow,
     conv_wgrad.cu's tf32 wgrad) under the sanitizers: 40 -> 144 channels, so the forward's

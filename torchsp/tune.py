@@ -65,6 +65,11 @@ PASSES = ("fwd", "dgrad", "wgrad")
 # (dataflow 3: layers with fewer tiles than the GPU has SMs); TorchSparse's gather-GEMM-scatter
 # with offsets grouped up to 50% padding (dataflow 4: cuBLAS bmm; the best of its groupings on the
 # H100, 2026-11-25: 0% padding makes ~14 groups of host calls, ~780-930 us a call at every size).
+# Not a candidate: the density split (dataflow 5, torchsp/plan.py), slower than plain
+# output-stationary at every lidar_198k layer measured (H100, 2026-11-25, fwd us, plain / d = 20%:
+# C = 64 91.7 / 105.3, C = 128 117.6 / 149.8, C = 256 334.5 / 385.8; strided layers no split or
+# equal): the kernels pay a fixed cost per 128-row tile that its second segment's extra tiles
+# outweigh the row products it saves (csrc/cuda/conv.cu).  algo=[5, tile, 0, d] still runs it.
 # All are atomic-free and deterministic; dataflow 4's cuBLAS needs CUBLAS_WORKSPACE_CONFIG for
 # torch's deterministic mode (candidates drops it there otherwise, as torch would raise).
 _SPLIT_K = [[3, 0, 2, 0], [3, 0, 4, 0], [3, 0, 8, 0]]

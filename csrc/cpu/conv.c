@@ -131,6 +131,7 @@ static tsp_status check_problem(const tsp_conv_problem *prob, tsp_dataflow *data
     case TSP_DATAFLOW_OUTPUT_STATIONARY:
     case TSP_DATAFLOW_HYBRID:
     case TSP_DATAFLOW_SPLIT_K: /* a GPU occupancy device: one thread sums whole rows here anyway */
+    case TSP_DATAFLOW_DENSITY_SPLIT: /* a GPU tile-waste device: no tiles here */
       *dataflow = TSP_DATAFLOW_OUTPUT_STATIONARY;
       return TSP_OK;
     case TSP_DATAFLOW_WEIGHT_STATIONARY:

@@ -90,6 +90,15 @@
 ** C = 128 at 0.4 m (27.9k rows, 218 tiles) 108.3 -> 109.3 / 126.8 / 180.2;
 ** C = 64 at 0.05 m (173k rows) 83.6 -> 180.9 / 267.5 / 476.5: the fp32 slabs
 ** cost more than the occupancy gains once tiles outnumber the SMs.
+** Density split (dataflow 5: a STORE segment of the common offsets over all
+** rows, then an add_out segment of the rest over the rows that have any; no
+** fp32 partials), 2026-11-25, one run, fwd us, plain -> d = 20: C = 64 91.7 ->
+** 105.3, C = 128 117.6 -> 149.8, C = 256 334.5 -> 385.8.  Main kernel per
+** segment at C = 128: 74.0 common + 72.3 rare against 115.5 plain, and the
+** centre offset alone over all rows 54.5 (C = 64: 39-44): each tile pays a
+** large fixed cost (ncu: the unrolled epilogue's instruction fetch, the
+** producers waiting for the next tile's build), so more tiles lose even when
+** they compute fewer row products.
 */
 #include "conv_internal.cuh"
 
@@ -175,18 +184,33 @@ static int split_k(tsp_algo algo) {
   return algo.split < TSP_SPLIT_K_MAX ? algo.split : TSP_SPLIT_K_MAX;
 }
 
+/* Whether a segmented plan sums in fp32 partials: when more than one of the
+** segments that produce the output (not add_out) sums anything, or the only
+** one covers some rows only.  One all-rows segment, alone or followed by
+** add_out segments (the density split), stores straight into the output. */
+static int segs_need_accum(const tsp_segment *segs, int n_segs) {
+  int works = 0, all_rows = 0;
+  for (int i = 0; i < n_segs && segs && !segs[i].add_out; ++i)
+    if (segs[i].count > 0 && segs[i].offsets != 0) {
+      ++works;
+      all_rows = segs[i].all_rows;
+    }
+  return works > 1 || (works == 1 && !all_rows);
+}
+
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
 ** of w (tiles 6-10; 14-16: the weight image and the blocks' tile counter), then
-** fp32 partial sums: [rows, n] for segmented plans, [splits, rows, n] for
-** split-K. */
-static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n, int n_segs) {
+** fp32 partial sums: [rows, n] for segmented plans that need them
+** (segs_need_accum), [splits, rows, n] for split-K. */
+static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n,
+                           const tsp_segment *segs, int n_segs) {
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->volume, p->algo.tile);
   if (tsp_is_ws_tile(tile))
     bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n)) + 256; /* + tile counters */
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
-  if (n_segs > 0)
+  if (n_segs > 0 && segs_need_accum(segs, n_segs))
     bytes += (size_t)(rows * n) * sizeof(float);
   else if (split_k(p->algo) > 1)
     bytes += (size_t)split_k(p->algo) * (size_t)(rows * n) * sizeof(float);
@@ -197,8 +221,8 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
 ** forward (segs), dgrad (segs_t) and wgrad's fp32 partials, whichever is set. */
 size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
-  size_t bytes = os_workspace(prob, prob->n_out, prob->c_in, prob->c_out, prob->n_segs);
-  const size_t dgrad = os_workspace(prob, prob->n_in, prob->c_out, prob->c_in, prob->n_segs_t);
+  size_t bytes = os_workspace(prob, prob->n_out, prob->c_in, prob->c_out, prob->segs, prob->n_segs);
+  const size_t dgrad = os_workspace(prob, prob->n_in, prob->c_out, prob->c_in, prob->segs_t, prob->n_segs_t);
   if (dgrad > bytes) bytes = dgrad;
   const int64_t chunks = tsp_wgrad_chunks(prob);
   if (chunks <= 1) return bytes;
@@ -224,15 +248,36 @@ static tsp_status os_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_launch
   return tsp_conv_igemm_os(dtype, a, transposed_w, tile);
 }
 
+/* Launch segment g of a segmented pass in `mode` (a: the pass's launch). */
+static tsp_status segment_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_launch *a,
+                                 const tsp_segment *g, int mode, int *launches, int transposed_w,
+                                 int tile) {
+  tsp_os_launch sa = *a;
+  if (a->tile_counter) { /* a counter of its own, zeroed by the image kernel while there are */
+    sa.tile_counter = a->tile_counter + (*launches < WS_COUNTERS ? *launches : WS_COUNTERS - 1);
+    sa.counter_zeroed = *launches < WS_COUNTERS;
+  }
+  ++*launches;
+  sa.order = a->order + g->start;
+  sa.plan = g->plan; /* its map rows follow its row entries: tsp_os_plan_map */
+  sa.tile_rows = g->count;
+  sa.offsets = g->offsets;
+  sa.mode = mode;
+  if (mode == TSP_EPI_OUT_ADD) sa.accum = NULL;
+  return os_launch(kind, dtype, &sa, transposed_w, tile);
+}
+
 /*
 ** Forward and dgrad are one output-stationary problem with roles swapped.
 ** Without segments: one launch over all rows and offsets.  With segments
-** (tsp_segment): one launch per non-empty segment, in order, summing in fp32
-** partials: the first segment initialises them (or, when its rows are not
-** all rows, a memset does), the last all-rows segment rounds partials + sum
-** into out; if the last segment covers only some rows, a final pass rounds
-** the partials.  Shapes the tensor-core kernels do not take run the plain
-** pass (the same sum; segments only steer which tile does which part).
+** (tsp_segment): one launch per non-empty segment, in order.  The segments
+** that produce the output sum in fp32 partials: the first initialises them
+** (or, when its rows are not all rows, a memset does), the last all-rows
+** segment rounds partials + sum into out; if the last covers only some rows,
+** a final pass rounds the partials; a lone all-rows segment stores straight
+** into out.  Then each add_out segment adds its sums into out.  Shapes the
+** tensor-core kernels do not take run the plain pass (the same sum; segments
+** only steer which tile does which part).
 */
 static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, int transposed_w,
                                     tsp_algo algo, const tsp_segment *segs, int n_segs,
@@ -302,53 +347,64 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
     return os_launch(kind, dtype, &a, transposed_w, tile);
   }
   if (a.order == NULL || segs == NULL) return TSP_ERR_ARGUMENT;
-  const size_t acc_bytes = (size_t)(rows * n) * sizeof(float);
-  if (ws == NULL || workspace_bytes < used + acc_bytes) return TSP_ERR_ARGUMENT;
-  float *accum = (float *)(ws + used);
-  int last = -1;
+  int n_base = 0, last = -1, adds = 0;
   for (int i = 0; i < n_segs; ++i) {
     const tsp_segment *g = &segs[i];
-    if (g->start < 0 || g->count < 0 || (g->all_rows && g->count != rows)) return TSP_ERR_ARGUMENT;
-    if (g->count > 0 && g->offsets != 0) last = i;
+    if (g->start < 0 || g->count < 0 || (g->all_rows && g->count != rows) ||
+        (g->add_out ? 0 : n_base != i))
+      return TSP_ERR_ARGUMENT;
+    if (!g->add_out) ++n_base;
+    const int works = g->count > 0 && g->offsets != 0;
+    if (works && !g->add_out) last = i;
+    adds += works && g->add_out;
   }
-  if (last < 0) /* no segment sums anything */
-    return tsp_cuda_check(cudaMemsetAsync(a.out, 0, (size_t)(rows * n) * element_bytes(dtype), stream),
-                          "tsp_conv: zero output");
-  int started = 0, finished = 0, launches = 0;
-  for (int i = 0; i <= last; ++i) {
+  const int need_accum = segs_need_accum(segs, n_segs);
+  const size_t acc_bytes = (size_t)(rows * n) * sizeof(float);
+  if (need_accum && (ws == NULL || workspace_bytes < used + acc_bytes)) return TSP_ERR_ARGUMENT;
+  a.accum = need_accum ? (float *)(ws + used) : NULL;
+  int launches = 0;
+  if (last < 0) { /* nothing produces the output: zeros, which the add_out segments add to */
+    tsp_status s = tsp_cuda_check(cudaMemsetAsync(a.out, 0, (size_t)(rows * n) * element_bytes(dtype), stream),
+                                  "tsp_conv: zero output");
+    if (s != TSP_OK || adds == 0) return s;
+    a.after_image = 0;
+  } else {
+    int started = 0, finished = 0;
+    for (int i = 0; i <= last; ++i) {
+      const tsp_segment *g = &segs[i];
+      if (g->count == 0 || g->offsets == 0) continue;
+      int mode;
+      if (!started) {
+        if (g->all_rows) {
+          mode = i == last ? TSP_EPI_STORE : TSP_EPI_ACC_INIT;
+        } else {
+          tsp_status s = tsp_cuda_check(cudaMemsetAsync(a.accum, 0, acc_bytes, stream),
+                                        "tsp_conv: zero partial sums");
+          if (s != TSP_OK) return s;
+          mode = TSP_EPI_ACC_ADD;
+          a.after_image = 0;
+        }
+        started = 1;
+      } else {
+        mode = i == last && g->all_rows ? TSP_EPI_ACC_FINISH : TSP_EPI_ACC_ADD;
+      }
+      tsp_status s = segment_launch(kind, dtype, &a, g, mode, &launches, transposed_w, tile);
+      if (s != TSP_OK) return s;
+      a.after_image = 0; /* the later segments follow this launch */
+      finished = mode == TSP_EPI_STORE || mode == TSP_EPI_ACC_FINISH;
+    }
+    if (!finished) {
+      tsp_status s = tsp_conv_reduce_partials(dtype, a.accum, 1, rows * n, a.out, stream);
+      if (s != TSP_OK) return s;
+    }
+  }
+  for (int i = n_base; i < n_segs; ++i) {
     const tsp_segment *g = &segs[i];
     if (g->count == 0 || g->offsets == 0) continue;
-    tsp_os_launch sa = a;
-    if (a.tile_counter) { /* a counter of its own, zeroed by the image kernel while there are */
-      sa.tile_counter = a.tile_counter + (launches < WS_COUNTERS ? launches : WS_COUNTERS - 1);
-      sa.counter_zeroed = launches < WS_COUNTERS;
-      ++launches;
-    }
-    sa.order = base->order + g->start;
-    sa.tile_rows = g->count;
-    sa.offsets = g->offsets;
-    sa.accum = accum;
-    if (!started) {
-      if (g->all_rows) {
-        sa.mode = i == last ? TSP_EPI_STORE : TSP_EPI_ACC_INIT;
-      } else {
-        tsp_status s = tsp_cuda_check(cudaMemsetAsync(accum, 0, acc_bytes, stream),
-                                      "tsp_conv: zero partial sums");
-        if (s != TSP_OK) return s;
-        sa.mode = TSP_EPI_ACC_ADD;
-        sa.after_image = 0;
-      }
-      started = 1;
-    } else {
-      sa.mode = i == last && g->all_rows ? TSP_EPI_ACC_FINISH : TSP_EPI_ACC_ADD;
-    }
-    tsp_status s = os_launch(kind, dtype, &sa, transposed_w, tile);
+    tsp_status s = segment_launch(kind, dtype, &a, g, TSP_EPI_OUT_ADD, &launches, transposed_w, tile);
     if (s != TSP_OK) return s;
-    a.after_image = 0; /* the later segments follow this launch */
-    finished = sa.mode == TSP_EPI_STORE || sa.mode == TSP_EPI_ACC_FINISH;
   }
-  if (finished) return TSP_OK;
-  return tsp_conv_reduce_partials(dtype, accum, 1, rows * n, a.out, stream);
+  return TSP_OK;
 }
 
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,

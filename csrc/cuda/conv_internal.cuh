@@ -153,8 +153,11 @@ tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int6
 enum { TSP_IGEMM_MAX_VOLUME = 64 };
 
 /* How a tensor-core tile writes its sums (segmented passes, conv.cu):
-** out = sum; accum = sum; accum += sum; out = accum + sum. */
-enum { TSP_EPI_STORE = 0, TSP_EPI_ACC_INIT = 1, TSP_EPI_ACC_ADD = 2, TSP_EPI_ACC_FINISH = 3 };
+** out = sum; accum = sum; accum += sum; out = accum + sum; out = out + sum
+** (OUT_ADD: the output as earlier launches stored it, in its own dtype, plus
+** the fp32 sum, rounded once more: a segment with tsp_segment.add_out). */
+enum { TSP_EPI_STORE = 0, TSP_EPI_ACC_INIT = 1, TSP_EPI_ACC_ADD = 2, TSP_EPI_ACC_FINISH = 3,
+       TSP_EPI_OUT_ADD = 4 };
 
 /* One output-stationary launch: out[r] = sum over k in offsets of src[map[r, k]] @ W_k,
 ** for the rows r the tiles walk (see conv.cu). */

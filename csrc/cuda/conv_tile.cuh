@@ -19,9 +19,10 @@
 **   groups[volume]   bit g set when a row of 16-row group g uses offset k;
 **   list[volume], *count: the offsets with groups[k] != 0, increasing.
 ** Ends with a __syncthreads(); every thread of the block must call it.
-** tsp_tile_epilogue (over tsp_tile_add2 and tsp_tile_write2) is the shared epilogue: a sweep that
-** adds the fp32 partial sums of a segmented pass (conv.cu) where the launch's
-** mode reads them, then a sweep that stores or writes the partial sums.
+** tsp_tile_epilogue (over tsp_tile_read2 and tsp_tile_write2) is the shared epilogue: a sweep that
+** adds the fp32 partial sums of a segmented pass (conv.cu), or the output
+** itself, where the launch's mode reads them, then a sweep that stores or
+** writes the partial sums.
 */
 #ifndef TSP_CONV_TILE_CUH
 #define TSP_CONV_TILE_CUH
@@ -293,29 +294,60 @@ static __device__ __forceinline__ void tsp_tile_offsets(
 }
 
 /* The epilogues of a segmented pass run in two sweeps: first every
-** read-back partial sum joins the accumulators (tsp_tile_add2, when
-** tsp_tile_reads(mode)), then tsp_tile_write2 stores them in the mode
-** tsp_tile_store_mode(mode) leaves.  Why: a load of accum after the previous
+** read-back sum joins the accumulators (tsp_tile_read2, when
+** tsp_tile_reads(mode): the fp32 partial sums, or for TSP_EPI_OUT_ADD the
+** output the segments before wrote), then tsp_tile_write2 stores them in the
+** mode tsp_tile_store_mode(mode) leaves.  Why: a load of accum after the previous
 ** element's store to out or accum cannot move ahead of it (they may alias,
 ** as far as the compiler knows), so a one-sweep read-add-write waits a full
 ** memory latency per element pair: 128 round trips per thread of a 256-wide
 ** wgmma tile, which made mask splits S = 2 at C = 256 take 605 us against
 ** 415 us unsplit (H100, 2026-11-24). */
 static __device__ __forceinline__ bool tsp_tile_reads(int mode) {
-  return mode == TSP_EPI_ACC_ADD || mode == TSP_EPI_ACC_FINISH;
+  return mode == TSP_EPI_ACC_ADD || mode == TSP_EPI_ACC_FINISH || mode == TSP_EPI_OUT_ADD;
 }
 
-/* The mode of the write sweep once the partial sums are in the accumulators. */
+/* A tile that sums no offset changes nothing in the modes that only add
+** (block-uniform: the kernels return or skip the tile before any mma). */
+static __device__ __forceinline__ bool tsp_tile_adds_nothing(int mode, int count) {
+  return count == 0 && (mode == TSP_EPI_ACC_ADD || mode == TSP_EPI_OUT_ADD);
+}
+
+/* The mode of the write sweep once the read-back sums are in the accumulators. */
 static __device__ __forceinline__ int tsp_tile_store_mode(int mode) {
-  return mode == TSP_EPI_ACC_ADD ? TSP_EPI_ACC_INIT : mode == TSP_EPI_ACC_FINISH ? TSP_EPI_STORE : mode;
+  return mode == TSP_EPI_ACC_ADD                                   ? TSP_EPI_ACC_INIT
+         : mode == TSP_EPI_ACC_FINISH || mode == TSP_EPI_OUT_ADD ? TSP_EPI_STORE
+                                                                  : mode;
 }
 
-/* *a += accum[idx], *b += accum[idx + 1] (idx even: one 8-byte load). */
-static __device__ __forceinline__ void tsp_tile_add2(const float *__restrict__ accum, int64_t idx,
-                                                     float *a, float *b) {
-  const float2 v = *(const float2 *)(accum + idx);
+/* *a += src[idx], *b += src[idx + 1] (idx even: one 8-byte load), src being
+** the fp32 partial sums, or the output of type T in mode TSP_EPI_OUT_ADD. */
+static __device__ __forceinline__ void tsp_tile_load2(const float *__restrict__ src, int64_t idx, float *a,
+                                                      float *b) {
+  const float2 v = *(const float2 *)(src + idx);
   *a += v.x;
   *b += v.y;
+}
+static __device__ __forceinline__ void tsp_tile_load2(const __half *__restrict__ src, int64_t idx, float *a,
+                                                      float *b) {
+  const float2 v = __half22float2(*(const __half2 *)(src + idx));
+  *a += v.x;
+  *b += v.y;
+}
+static __device__ __forceinline__ void tsp_tile_load2(const __nv_bfloat16 *__restrict__ src, int64_t idx,
+                                                      float *a, float *b) {
+  const float2 v = __bfloat1622float2(*(const __nv_bfloat162 *)(src + idx));
+  *a += v.x;
+  *b += v.y;
+}
+
+template <typename T>
+static __device__ __forceinline__ void tsp_tile_read2(int mode, const T *out, const float *accum, int64_t idx,
+                                                      float *a, float *b) {
+  if (mode == TSP_EPI_OUT_ADD)
+    tsp_tile_load2(out, idx, a, b);
+  else
+    tsp_tile_load2(accum, idx, a, b);
 }
 
 /* Write two adjacent sums (col even) of tile row r as `mode` says (TSP_EPI_*):
@@ -349,7 +381,7 @@ static __device__ __forceinline__ void tsp_tile_epilogue(int mode, T *__restrict
                                                          float *__restrict__ accum, int n,
                                                          Pairs pairs) {
   if (tsp_tile_reads(mode)) {
-    pairs([&](int32_t r, int col, float &a, float &b) { tsp_tile_add2(accum, (int64_t)r * n + col, &a, &b); });
+    pairs([&](int32_t r, int col, float &a, float &b) { tsp_tile_read2(mode, out, accum, (int64_t)r * n + col, &a, &b); });
     mode = tsp_tile_store_mode(mode);
   }
   pairs([&](int32_t r, int col, float &a, float &b) {

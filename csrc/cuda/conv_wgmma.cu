@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(WG_THREADS)
 
   tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
   accum = tsp_split_accum(accum, split, rows, n);
-  if (mode == TSP_EPI_ACC_ADD && *tile.count == 0) return; /* adds nothing (block-uniform) */
+  if (tsp_tile_adds_nothing(mode, *tile.count)) return; /* block-uniform */
   const int chunks = (red + BK - 1) / BK;
   const int steps = *tile.count * chunks;
 

@@ -427,7 +427,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         ** the other warpgroup writes next (tile i + 2's first step) */
         mb_arrive(&mma_done[wg]);
       };
-      if (mode == TSP_EPI_ACC_ADD && count == 0) { /* adds nothing */
+      if (tsp_tile_adds_nothing(mode, count)) {
         hand_over(g);
         continue;
       }
@@ -491,7 +491,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 #pragma unroll
         for (int j0 = 0; j0 < BN / 8; j0 += 4) {
           if (reads)
-            each_pair(acc, half, j0, [&](int64_t at, float &v0, float &v1) { tsp_tile_add2(acc_out, at, &v0, &v1); });
+            each_pair(acc, half, j0, [&](int64_t at, float &v0, float &v1) { tsp_tile_read2(mode, out, acc_out, at, &v0, &v1); });
           each_pair(acc, half, j0, [&](int64_t at, float &v0, float &v1) {
             tsp_tile_write2(wmode, out, acc_out, at, v0, v1);
           });
@@ -513,7 +513,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
     float *const acc_out = tsp_split_accum(accum, t % splits, rows, n);
     const int count = *tile.count, steps = count * chunks;
-    if (mode == TSP_EPI_ACC_ADD && count == 0) { /* adds nothing */
+    if (tsp_tile_adds_nothing(mode, count)) {
       mb_arrive(&tile_free[tb]);
       continue;
     }
