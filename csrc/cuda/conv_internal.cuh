@@ -173,7 +173,7 @@ typedef struct {
   cudaStream_t stream;
   int64_t tile_rows;   /* entries of order (rows when order is NULL) */
   uint64_t offsets;    /* bit k: offset k takes part (~0: all) */
-  float *accum;        /* [rows, n] fp32 partial sums (modes other than STORE) */
+  float *accum;        /* [rows, n] fp32 partial sums (the TSP_EPI_ACC_* modes) */
   int mode;            /* TSP_EPI_* */
   int32_t *tile_counter; /* tiles 14-16: a device int the blocks take further tiles
                             from (zero at launch: counter_zeroed below, or the launcher's
