@@ -351,7 +351,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   for (int i = 0; i < n_segs; ++i) {
     const tsp_segment *g = &segs[i];
     if (g->start < 0 || g->count < 0 || (g->all_rows && g->count != rows) ||
-        (g->add_out ? 0 : n_base != i))
+        (!g->add_out && n_base != i)) /* a producing segment after an add_out one */
       return TSP_ERR_ARGUMENT;
     if (!g->add_out) ++n_base;
     const int works = g->count > 0 && g->offsets != 0;

@@ -168,4 +168,13 @@ static __device__ __forceinline__ void tsp_store2(float *dst, float a, float b) 
   *(float2 *)dst = make_float2(a, b);
 }
 
+/* The reverse: two adjacent elements (src 4-byte aligned for 16-bit types, 8 for float) as fp32. */
+static __device__ __forceinline__ float2 tsp_load2(const __half *src) {
+  return __half22float2(*(const __half2 *)src);
+}
+static __device__ __forceinline__ float2 tsp_load2(const __nv_bfloat16 *src) {
+  return __bfloat1622float2(*(const __nv_bfloat162 *)src);
+}
+static __device__ __forceinline__ float2 tsp_load2(const float *src) { return *(const float2 *)src; }
+
 #endif /* TSP_CONV_MMA_CUH */

@@ -320,34 +320,14 @@ static __device__ __forceinline__ int tsp_tile_store_mode(int mode) {
                                                                   : mode;
 }
 
-/* *a += src[idx], *b += src[idx + 1] (idx even: one 8-byte load), src being
-** the fp32 partial sums, or the output of type T in mode TSP_EPI_OUT_ADD. */
-static __device__ __forceinline__ void tsp_tile_load2(const float *__restrict__ src, int64_t idx, float *a,
-                                                      float *b) {
-  const float2 v = *(const float2 *)(src + idx);
-  *a += v.x;
-  *b += v.y;
-}
-static __device__ __forceinline__ void tsp_tile_load2(const __half *__restrict__ src, int64_t idx, float *a,
-                                                      float *b) {
-  const float2 v = __half22float2(*(const __half2 *)(src + idx));
-  *a += v.x;
-  *b += v.y;
-}
-static __device__ __forceinline__ void tsp_tile_load2(const __nv_bfloat16 *__restrict__ src, int64_t idx,
-                                                      float *a, float *b) {
-  const float2 v = __bfloat1622float2(*(const __nv_bfloat162 *)(src + idx));
-  *a += v.x;
-  *b += v.y;
-}
-
+/* *a += src[idx], *b += src[idx + 1] (idx even: one load, tsp_load2), src being the
+** fp32 partial sums, or the output of type T in mode TSP_EPI_OUT_ADD. */
 template <typename T>
 static __device__ __forceinline__ void tsp_tile_read2(int mode, const T *out, const float *accum, int64_t idx,
                                                       float *a, float *b) {
-  if (mode == TSP_EPI_OUT_ADD)
-    tsp_tile_load2(out, idx, a, b);
-  else
-    tsp_tile_load2(accum, idx, a, b);
+  const float2 v = mode == TSP_EPI_OUT_ADD ? tsp_load2(out + idx) : tsp_load2(accum + idx);
+  *a += v.x;
+  *b += v.y;
 }
 
 /* Write two adjacent sums (col even) of tile row r as `mode` says (TSP_EPI_*):
