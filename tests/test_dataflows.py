@@ -234,6 +234,31 @@ def test_dataflow_real_scan(cin, cout):
 
 
 @needs_cuda
+@pytest.mark.parametrize("k", [3, 4])
+@pytest.mark.parametrize("c", [32, 64, 128])
+def test_staged_epilogue_real_scan(k, c):
+    """Plain passes of the tensor-core kernels store their tiles through shared memory, in whole
+    16-byte chunks (csrc/cuda/conv_tile.cuh tsp_stage_*: rows of 4, 8 and 16 chunks at C = 32, 64
+    and 128, each with its own swizzle); a 4x4x4 kernel (64 offsets) at C = 128 leaves the ping-pong
+    tile 16 no room for its staging buffers, so it stores directly.  Forward and dgrad of tiles 0,
+    3 (mma.sync), 13 (all-warps wgmma) and 16 (ping-pong) on a real crop against the fp64 gather
+    reference, into NaN-poisoned memory, and bitwise equal run to run."""
+    geom = torchsp.kmap.ConvGeometry(k)
+    x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, c, c, torch.float16)
+    for tile in (0, 3, 13, 16):
+        a = [0, tile, 0, 0]
+        order, segs = pass_plan(km, "fwd", a, geom)
+        order_t, segs_t = pass_plan(km, "dgrad", a, geom)
+        _poison_cache()
+        y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+        _poison_cache()
+        dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
+        assert rel_err(y, want_y) <= TOL[torch.float16], (tile, rel_err(y, want_y))
+        assert rel_err(dx, want_dx) <= TOL[torch.float16], (tile, rel_err(dx, want_dx))
+        assert torch.equal(y, ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t))
+
+
+@needs_cuda
 @pytest.mark.parametrize("cin,cout", [(64, 64), (72, 136), (128, 256)])
 def test_ws_tiles_whole_scan(cin, cout):
     """The warp-specialized tiles 14, 15 and 16 (conv_wgmma_ws.cu: producer warps read each offset's

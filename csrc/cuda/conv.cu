@@ -99,6 +99,18 @@
 ** large fixed cost (ncu: the unrolled epilogue's instruction fetch, the
 ** producers waiting for the next tile's build), so more tiles lose even when
 ** they compute fewer row products.
+** Staged store epilogue (conv_tile.cuh tsp_stage_*: plain-store tiles of the
+** mma.sync, all-warps wgmma and ping-pong kernels go through shared memory
+** and leave in whole 16-byte chunks), 2026-11-25, the op call against the
+** previous commit's build in the same call, three alternating rounds each,
+** median us, fwd / dgrad: C = 32 42.2 -> 39.6 / 43.1 -> 40.7; C = 64 69.2 ->
+** 62.6 / 69.2 -> 62.9; C = 128 118.4 -> 109.6 / 117.8 -> 109.0; down3 C = 64
+** 96.7 -> 85.7 / 56.2 -> 49.7; down3 C = 128 103.6 -> 95.5 / 69.7 -> 56.9;
+** up2 C = 64 44.1 -> 37.9 / 32.3 -> 26.6; up2 C = 128 56.7 -> 41.4 / 39.2 ->
+** 32.4; down2 C = 128 dgrad 56.9 -> 40.0 (forwards of down2, host-bound,
+** within the rounds' spread).  The one-offset tiles gain most: their
+** epilogue was most of a tile's time.  C = 256 (tile 15, whose stages leave
+** no room to stage a 128 x 256 tile) is unchanged.
 */
 #include "conv_internal.cuh"
 

@@ -214,6 +214,22 @@ __global__ void __launch_bounds__(CFG::THREADS)
   }
   tsp_cp_async_wait<0>(); /* no copy may outlive the block (empty groups only, but be exact) */
 
+  if (tsp_stage_ok(mode, out)) { /* block-uniform: plain stores, staged (conv_tile.cuh) */
+    static_assert(STAGES * (CFG::A_STAGE + CFG::B_STAGE) >= BM * BN, "the stages hold the staged tile");
+    __syncthreads(); /* every warp is done reading the stages, which now stage the tile */
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          tsp_stage_pair<BN>(s_a, wm0 + mi * 16 + (lane >> 2) + h * 8, (wn0 + ni * 8) >> 3, lane,
+                             acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+    __syncthreads();
+    tsp_stage_rows<BN, BM, NT>(s_a, s_rows, out, n, n0, tid);
+    return;
+  }
+
   /* 5. Every element of the tile is written, rows with no offset as zeros;
   ** a segmented pass first adds the partial sums it reads (conv_tile.cuh). */
   tsp_tile_epilogue(mode, out, accum, n, [&](auto f) {

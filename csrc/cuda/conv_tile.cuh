@@ -369,4 +369,72 @@ static __device__ __forceinline__ void tsp_tile_epilogue(int mode, T *__restrict
   });
 }
 
+/* The staged store epilogue of the tensor-core kernels (mode TSP_EPI_STORE,
+** out 16-byte aligned, n % 8 == 0): the accumulators are rounded to T into
+** shared memory (tsp_stage_pair), then written out in whole 16-byte chunks,
+** consecutive threads along a row (tsp_stage_rows).  Why: the direct
+** epilogue stores 4 bytes per thread and pair, so a warp's store covers 16
+** bytes of each of 8 rows (half of every 32-byte sector it touches), and its
+** unrolled per-pair code (a row lookup, a column test and the mode's
+** branches, 64 times per thread at BN = 128) was 28% of the ping-pong
+** kernel's stall samples in a one-offset pass, mostly waiting for
+** instruction fetch (Nsight Compute, H100, 2026-11-25).  Measured in
+** csrc/cuda/conv.cu's header.
+** Layout: a [rows x BN] block of T, row r's 16-byte chunk j at chunk j ^ s(r)
+** of the row, s(r) = r % 8 when a row has 8 or more chunks and (r / 2) % 4 for
+** BN = 32 (two rows per 128 bytes), so that neither the accumulator-order
+** writes (8 consecutive rows x 4 lanes) nor the row-order reads (8
+** consecutive chunks per quarter warp) meet a bank twice. */
+template <int BN> static __device__ __forceinline__ int tsp_stage_swizzle(int r) {
+  static_assert(BN % 32 == 0, "4 or more 16-byte chunks a row");
+  return BN >= 64 ? r & 7 : (r >> 1) & 3;
+}
+
+/* Stage the pair of sums (a, b) of block row r, columns 8 j + 2 (lane % 4) + {0, 1}
+** (the m16n8 and m64nN accumulator layouts); buf is the block, 16-byte aligned. */
+template <int BN, typename T>
+static __device__ __forceinline__ void tsp_stage_pair(T *buf, int r, int j, int lane, float a, float b) {
+  tsp_store2((T *)((unsigned char *)buf + r * BN * 2 + ((j ^ tsp_stage_swizzle<BN>(r)) << 4) + (lane & 3) * 4),
+             a, b);
+}
+
+/* A wgmma warpgroup's m64nBN accumulator (conv_wgmma_ops.cuh) into a 64-row
+** block; wt: the thread's index in its warpgroup. */
+template <int BN, typename T>
+static __device__ __forceinline__ void tsp_stage_acc(T *buf, const float *acc, int wt) {
+  const int lane = wt & 31, r = (wt >> 5) * 16 + (lane >> 2);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      tsp_stage_pair<BN>(buf, r + 8 * h, j, lane, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+}
+
+/* Write a staged block of ROWS rows by NT threads (t = 0 .. NT - 1): block row r
+** to map row rows[r] (none when negative), columns n0 .. n0 + BN - 1 below n,
+** out [rows, n].  Call after a barrier that follows every thread's staging. */
+template <int BN, int ROWS, int NT, typename T>
+static __device__ __forceinline__ void tsp_stage_rows(const T *buf, const int32_t *rows, T *__restrict__ out,
+                                                      int n, int n0, int t) {
+  enum { CPR = BN / 8, RPP = NT / CPR, PASSES = ROWS / RPP }; /* chunks a row, rows a pass */
+  static_assert(NT % CPR == 0 && ROWS % RPP == 0, "threads cover whole rows, passes the block");
+  const int c = t % CPR, r0 = t / CPR;
+  const bool col_ok = n0 + c * 8 < n;
+  int32_t g[PASSES];
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p) g[p] = rows[r0 + p * RPP];
+#pragma unroll
+  for (int p = 0; p < PASSES; ++p) {
+    const int r = r0 + p * RPP;
+    const uint4 v = *(const uint4 *)((const unsigned char *)buf + r * BN * 2 + ((c ^ tsp_stage_swizzle<BN>(r)) << 4));
+    if (g[p] >= 0 && col_ok) *(uint4 *)(out + (int64_t)g[p] * n + n0 + c * 8) = v;
+  }
+}
+
+/* Whether a launch's epilogue may be staged: plain stores into a 16-byte aligned output. */
+template <typename T>
+static __device__ __forceinline__ bool tsp_stage_ok(int mode, const T *out) {
+  return mode == TSP_EPI_STORE && ((uintptr_t)out & 15) == 0;
+}
+
 #endif /* TSP_CONV_TILE_CUH */

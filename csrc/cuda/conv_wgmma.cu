@@ -232,6 +232,18 @@ __global__ void __launch_bounds__(WG_THREADS)
   for (int m = 0; m < MW; ++m) acc_fence(acc[m]);
   tsp_cp_async_wait<0>();
 
+  if (tsp_stage_ok(mode, out)) { /* block-uniform: plain stores, staged (conv_tile.cuh) */
+    static_assert(STAGES * (BM + BN) * BK >= BM * BN, "the stages hold the staged tile");
+    __syncthreads(); /* both warpgroups' wgmma are done reading the stages, which now stage the tile */
+#pragma unroll
+    for (int m = 0; m < MW; ++m) tsp_stage_acc<BN>(s_a + (MW * wg + m) * 64 * BN, acc[m], tid & 127);
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < MW; ++m)
+      tsp_stage_rows<BN, 64, 128>(s_a + (MW * wg + m) * 64 * BN, s_rows + (MW * wg + m) * 64, out, n, n0,
+                                   tid & 127);
+    return;
+  }
   /* Epilogue: accumulator layout of conv_wgmma_ops.cuh; a segmented pass
   ** first adds the partial sums it reads (conv_tile.cuh). */
   tsp_tile_epilogue(mode, out, accum, n, [&](auto f) {

@@ -173,6 +173,10 @@ static size_t ws_smem_bytes(int bn, int stages, int volume, int tbufs) {
          (size_t)tbufs * tsp_tile_smem_bytes(WS_BM, volume);
 }
 
+/* The ping-pong consumers' staged epilogue (tsp_stage_acc): one 64 x bn block of
+** 16-bit elements per warpgroup, after the tile buffers (128-byte aligned). */
+static size_t ws_stage_bytes(int bn) { return 128 + 2 * (size_t)64 * bn * 2; }
+
 /* Ping-pong registers per thread after the launch's 168 (setmaxnreg; 128 x 56
 ** + 256 x 224 = 64512 of the SM's 65536): the consumers hold two accumulators
 ** (128 floats at n = 128) and build tiles, and spilled at 168 (ptxas: 124
@@ -232,14 +236,15 @@ static __device__ __forceinline__ uint32_t ws_step_wait(const tsp_tile_smem &til
 ** next_tile: a zeroed counter; `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
 ** Split-K (splits > 1): tile t is run t % splits of row/column tile t / splits
 ** (tsp_tile_origin_split's order), its sums in accum + run * rows * n.
-** PP (tile 16, needs tbufs == 2): ping-pong consumers, see the consumers' PP branch. */
+** PP (tile 16, needs tbufs == 2): ping-pong consumers, see the consumers' PP branch;
+** staged (PP only): ws_stage_bytes follow the tile buffers, for the staged epilogue. */
 template <typename T, int BN, int STAGES, int PW, int MINB, bool PP>
 __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     wgmma_ws_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ wimg,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
                     int n, T *__restrict__ out, float *__restrict__ accum, int mode,
-                    int *__restrict__ next_tile, int tiles, int tbufs, int splits) {
+                    int *__restrict__ next_tile, int tiles, int tbufs, int splits, int staged) {
   enum { BM = WS_BM, BK = WS_BK, PT = 32 * PW, NT = WS_CONSUMERS + PT };
   /* tile 15 at BN = 256: registers to the producers (WS_WIDE_*_REGS) */
   enum { WIDE_REGS = !PP && PW == 4 && BN == 256 };
@@ -462,6 +467,17 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       acc_fence(acc0);
       acc_fence(acc1);
       if (steps > 0 && lane == 0) mb_arrive(&empty[(g - 1) % STAGES]);
+      if (staged && tsp_stage_ok(mode, out)) { /* warpgroup-uniform: plain stores, staged (conv_tile.cuh) */
+        T *const buf = (T *)(((uintptr_t)tile_base + 2 * tile_bytes + 127) & ~(uintptr_t)127) + wg * 64 * BN;
+        tsp_stage_acc<BN>(buf, acc0, wt);
+        if (wg == 0) tsp_tile_sync<2, 128>(); else tsp_tile_sync<3, 128>();
+        tsp_stage_rows<BN, 64, 128>(buf, tile.rows, out, n, n0, wt);
+        if (wg == 0) tsp_tile_sync<2, 128>(); else tsp_tile_sync<3, 128>(); /* buf read: rows 64-127 next */
+        tsp_stage_acc<BN>(buf, acc1, wt);
+        if (wg == 0) tsp_tile_sync<2, 128>(); else tsp_tile_sync<3, 128>();
+        tsp_stage_rows<BN, 64, 128>(buf, tile.rows + 64, out, n, n0, wt);
+        continue; /* the loop's first barrier orders these reads of buf before the next tile's writes */
+      }
       /* Epilogue, in runs of 4 column groups (16 pairs of a thread) that first
       ** add what a segmented pass reads back (tsp_tile_epilogue's two sweeps),
       ** then write.  Why runs: with both accumulators live, one read sweep over
@@ -644,7 +660,9 @@ template <typename T, int BN, int STAGES, int PW, int MINB, bool PP>
 static tsp_status launch_ws(const tsp_os_launch &a) {
   const int tbufs = ws_smem_bytes(BN, STAGES, (int)a.volume, 2) <= WS_SMEM_MAX ? 2 : 1;
   if (PP && tbufs != 2) return TSP_ERR_UNSUPPORTED; /* tsp_conv_wgmma_ws_check refuses it first */
-  const size_t smem = ws_smem_bytes(BN, STAGES, (int)a.volume, tbufs);
+  /* the staged epilogue where its buffers fit beside the rest (V <= 63 at n = 128) */
+  const int staged = PP && ws_smem_bytes(BN, STAGES, (int)a.volume, tbufs) + ws_stage_bytes(BN) <= WS_SMEM_MAX;
+  const size_t smem = ws_smem_bytes(BN, STAGES, (int)a.volume, tbufs) + (staged ? ws_stage_bytes(BN) : 0);
   static uint64_t smem_raised = 0;
   tsp_status s = tsp_raise_smem_limit((const void *)wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP>, smem,
                                       &smem_raised, "tsp_conv_wgmma_ws");
@@ -686,7 +704,7 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
       cudaLaunchKernelEx(&cfg, wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP>, (const T *)a.src, a.src_rows,
                          (const T *)a.w, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
                          (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter,
-                         (int)tiles, tbufs, splits),
+                         (int)tiles, tbufs, splits, staged),
       "tsp_conv_wgmma_ws");
   if (s != TSP_OK) return s;
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");
