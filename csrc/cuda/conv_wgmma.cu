@@ -308,7 +308,8 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
 **      bytes per output row halve;
 **   9: as 8 with 4 stages and one step's wgmma kept in flight (PIPE);
 **  10: as 6 with 4 stages and PIPE;
-**  12, 13: 9 and 10 with both operands in the 128-byte swizzled layout (SW).
+**  12, 13: 9 and 10 with both operands in the 128-byte swizzled layout (SW);
+**      13 at n <= 64 has 2 stages without PIPE instead (three blocks per SM).
 ** Tile 9 moved 3.48 GB through L2 for one C = 256 forward on lidar_198k (ncu
 ** lts__t_bytes) in ~1000 us, and 6-10 all took about as long: a warp's copies
 ** read 64-byte halves of 8 rows, two L2 requests per 128-byte row segment.
@@ -321,7 +322,15 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
 ** 2026-11-23): not kept.  Tile 13 at C = 64 with 3 / 6 / 8 stages instead of
 ** 4: 81.6 / 124.8 / 125.1 us against 78.4 (one run, 2026-11-24): 6 or more
 ** stages leave one block per SM, and the short tiles (~7 steps at 0.05 m)
-** then wait out their prologues and epilogues alone. */
+** then wait out their prologues and epilogues alone.  With the staged
+** epilogue, 2 stages (one step loaded ahead, 63 KB: three blocks per SM,
+** which 80 registers a thread allow) against 4 (two blocks), H100,
+** lidar_198k, op call, same process, three alternating rounds, median us
+** (2026-11-25): C = 64 fwd 63.4 -> 55.9, dgrad 63.6 -> 56.6; down3 C = 64 fwd
+** 85.3 -> 73.6, dgrad 49.2 -> 46.6; down2 C = 64 dgrad 32.8 -> 25.2; up2 C =
+** 64 dgrad 26.6 -> 24.6 (the forwards of down2 and up2, host-bound, 36.7
+** either way); 3 stages without PIPE (two blocks) 63.5 / 83.8.  The short
+** tiles want more of them in flight, not deeper pipelines. */
 /* The swizzled tiles 12 (9 swizzled) and 13 (10 swizzled); BT: w as the
 ** forward stores it, read MN-major. */
 template <typename T, bool BT> static tsp_status dispatch_swizzled(const tsp_os_launch &a, int tile) {
@@ -329,7 +338,7 @@ template <typename T, bool BT> static tsp_status dispatch_swizzled(const tsp_os_
   if (tile == 12)
     return n <= 64 ? launch_wgmma<T, 2, 64, 64, 4, true, true, BT>(a)
                    : launch_wgmma<T, 2, 128, 64, 4, true, true, BT>(a);
-  if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true, true, BT>(a);
+  if (n <= 64) return launch_wgmma<T, 1, 64, 64, 2, false, true, BT>(a); /* three blocks per SM */
   if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true, true, BT>(a);
   return launch_wgmma<T, 1, 256, 64, 4, true, true, BT>(a);
 }
