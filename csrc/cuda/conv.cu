@@ -148,9 +148,12 @@ static int fast_dtype(tsp_dtype dtype) {
 ** tile 15, 102 for tile 15 at two blocks per SM, 126 for 12, 139 mma.sync;
 ** tile 16's main kernel beat it, 65.3 / 65.2 against 66.9 / 67.9, but its
 ** op call lost, 71.6 / 73.4 against 69.6 / 69.3: tile 13 reads w as it is,
-** tile 16 first writes the weight image);
+** tile 16 first writes the weight image; with both epilogues staged, main
+** kernel, 2026-11-25: C = 64 fwd 64.3 against 61.4, down3 C = 64 93.2
+** against 83.8, before tile 13 went to three blocks per SM);
 ** else mma.sync, which stays faster at C = 32 (56 vs 107 for tile 15, 114
-** for wgmma tile 9). */
+** for wgmma tile 9; op call 39.7 against 53.5 for tile 13 at three blocks
+** per SM, 2026-11-25). */
 static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int64_t volume, int tile) {
   if (tile != 0 || !fast_dtype(dtype) || red < 64 || n < 64 || !tsp_conv_wgmma_available())
     return tile;

@@ -273,7 +273,11 @@ template <typename T, typename CFG> static tsp_status launch_igemm(const tsp_os_
 ** Any other value is 0 (3 names it explicitly: conv.cu resolves tile 0 to the
 ** wgmma kernels, tiles 12, 13 and 15, on sm_90a).  Tried and
 ** dropped (2026-11-23, H100, lidar_198k): BK = 64 chunks and 64 x 64 warp
-** tiles, 0-25% slower than 0 at C = 64-256. */
+** tiles, 0-25% slower than 0 at C = 64-256.  Fewer stages at n <= 32, for
+** more blocks per SM as tile 13 gained from them (conv_wgmma.cu), did not
+** pay (2026-11-25): C = 32 dgrad op 41.0 / 40.9 / 42.3 us at 4 / 2 / 3
+** stages (same process, three rounds), fwd kernel 40.0 us at 2 stages
+** against 37.5 at 4 (another call). */
 template <typename T, bool TW> static tsp_status dispatch_igemm(const tsp_os_launch &a, int tile) {
   if (tile == 1) {
     if (a.n <= 32) return launch_igemm<T, igemm_cfg<64, 32, 32, 32, 32, 4, TW> >(a);

@@ -783,7 +783,12 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **     130.0-132.2 against 121.7-123.0; C = 64 fwd 72.0-72.4 against
 **     68.4-69.3.  The extra 29 KB of tile buffers leaves less L1 for the
 **     tile builds' map loads (the carveout follows the shared memory), one
-**     suspect not yet measured. */
+**     suspect not yet measured;
+**   - more stages (2026-11-25, op call, same process, three rounds, us):
+**     n = 64 with 4 / 6 / 8 stages, C = 64 fwd 70.2 / 71.0 / 70.7, down3
+**     C = 64 99.9 / 100.3 / 99.8; n = 128 with 4 / 5 / 6, C = 128 fwd 118.8
+**     / 123.3 / 120.6, down3 C = 128 105.4 / 108.0 / 106.0: the copies
+**     already run far enough ahead. */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(a.n);
   if (tile == 14) {
