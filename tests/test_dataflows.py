@@ -131,16 +131,8 @@ def test_split_k_few_tiles(dtype):
     for tile in tiles:
         for s in (2, 3, 5, 8, 16):
             a = [3, tile, s, 0]
-            order, segs = pass_plan(km, "fwd", a, geom, dtype)
-            order_t, segs_t = pass_plan(km, "dgrad", a, geom, dtype)
-            assert segs == [] and segs_t == []
-            _poison_cache()
-            y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
-            _poison_cache()
-            dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
-            assert rel_err(y, want_y) <= tol, (a, rel_err(y, want_y))
-            assert rel_err(dx, want_dx) <= tol, (a, rel_err(dx, want_dx))
-            assert torch.equal(y, ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t)), a
+            assert pass_plan(km, "fwd", a, geom, dtype)[1] == [] and pass_plan(km, "dgrad", a, geom, dtype)[1] == []
+            _check_pass(x, w, dy, km, geom, a, want_y, want_dx, a, tol)
 
 
 def test_plan_cpu_and_plain_passes_have_no_segments():
@@ -211,6 +203,25 @@ def test_dataflow_vs_dense(case, name, dtype):
     assert rel_err(wp.grad, want_dw) <= 2 * tol
 
 
+def _check_pass(x, w, dy, km, geom, a, want_y, want_dx, label, tol=None):
+    """Forward and dgrad of algo `a` (its own plans, outputs into NaN-poisoned memory) against
+    the fp64 references want_y / want_dx (relative error at most `tol`, default TOL of the
+    features' dtype), and the forward bitwise equal run to run; `label` names the case in a
+    failure."""
+    dtype = x.feats.dtype
+    tol = TOL[dtype] if tol is None else tol
+    order, segs = pass_plan(km, "fwd", a, geom, dtype)
+    order_t, segs_t = pass_plan(km, "dgrad", a, geom, dtype)
+    _poison_cache()
+    y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+    _poison_cache()
+    dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
+    assert rel_err(y, want_y) <= tol, (label, rel_err(y, want_y))
+    assert rel_err(dx, want_dx) <= tol, (label, rel_err(dx, want_dx))
+    y2 = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
+    assert torch.equal(y, y2), (label, "not deterministic")
+
+
 @needs_cuda
 @pytest.mark.parametrize("cin,cout", [(16, 32), (64, 64), (96, 136), (128, 384), (256, 128)])
 def test_dataflow_real_scan(cin, cout):
@@ -221,16 +232,7 @@ def test_dataflow_real_scan(cin, cout):
     for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
         x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(c, geom, cin, cout, dtype)
         for name, a in EVERY.items():
-            order, segs = pass_plan(km, "fwd", a, geom)
-            order_t, segs_t = pass_plan(km, "dgrad", a, geom)
-            _poison_cache()
-            y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
-            _poison_cache()
-            dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
-            assert rel_err(y, want_y) <= TOL[dtype], (name, geom.kernel_size, rel_err(y, want_y))
-            assert rel_err(dx, want_dx) <= TOL[dtype], (name, geom.kernel_size, rel_err(dx, want_dx))
-            y2 = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
-            assert torch.equal(y, y2), (name, "not deterministic")
+            _check_pass(x, w, dy, km, geom, a, want_y, want_dx, (name, geom.kernel_size))
 
 
 @needs_cuda
@@ -246,16 +248,7 @@ def test_staged_epilogue_real_scan(k, c):
     geom = torchsp.kmap.ConvGeometry(k)
     x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, c, c, torch.float16)
     for tile in (0, 3, 13, 16):
-        a = [0, tile, 0, 0]
-        order, segs = pass_plan(km, "fwd", a, geom)
-        order_t, segs_t = pass_plan(km, "dgrad", a, geom)
-        _poison_cache()
-        y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
-        _poison_cache()
-        dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
-        assert rel_err(y, want_y) <= TOL[torch.float16], (tile, rel_err(y, want_y))
-        assert rel_err(dx, want_dx) <= TOL[torch.float16], (tile, rel_err(dx, want_dx))
-        assert torch.equal(y, ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t))
+        _check_pass(x, w, dy, km, geom, [0, tile, 0, 0], want_y, want_dx, tile)
 
 
 @needs_cuda
@@ -284,16 +277,7 @@ def test_ws_tiles_whole_scan(cin, cout):
     want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
     for tile in (14, 15, 16):
         for a in ([0, tile, 0, 0], [0, tile, 2, 0], [2, tile, 0, 1], [3, tile, 3, 0]):
-            order, segs = pass_plan(km, "fwd", a, geom)
-            order_t, segs_t = pass_plan(km, "dgrad", a, geom)
-            _poison_cache()
-            y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
-            _poison_cache()
-            dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
-            assert rel_err(y, want_y) <= TOL[dtype], (a, rel_err(y, want_y))
-            assert rel_err(dx, want_dx) <= TOL[dtype], (a, rel_err(dx, want_dx))
-            y2 = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs_t)
-            assert torch.equal(y, y2), (a, "not deterministic")
+            _check_pass(x, w, dy, km, geom, a, want_y, want_dx, a)
 
 
 @needs_cuda
