@@ -182,7 +182,7 @@ def _build(kmap, which, algo, kernel_size, dilation, padding):
         orders = [mask_order(nb, _bits(r)) for r in runs]
         segs = []
         for i, r in enumerate(runs):
-            segs += [i * rows, rows, _bits(r), 1]
+            segs += [i * rows, rows, _bits(r), ALL_ROWS]
         return torch.cat(orders), segs
     l1 = offset_l1(kernel_size, dilation, padding)
     ws = list(range(v)) if dataflow in (1, 4) else [k for k in range(v) if l1[k] >= t]
@@ -193,14 +193,14 @@ def _build(kmap, which, algo, kernel_size, dilation, padding):
         count = starts[k + 1] - starts[k]
         if count == 0:
             continue
-        seg = [starts[k], count, _bits([k]), int(count == rows)]
+        seg = [starts[k], count, _bits([k]), ALL_ROWS if count == rows else 0]
         # A segment over all rows (the centre of a submanifold map) goes last, where it
         # can round the sums into the output (no separate pass).
         (full if count == rows and not os_ else segs).extend(seg)
     seq = pairs
     if os_:
         seq = torch.cat([pairs, mask_order(nb, _bits(os_))])
-        full = [int(pairs.shape[0]), rows, _bits(os_), 1]
+        full = [int(pairs.shape[0]), rows, _bits(os_), ALL_ROWS]
     return seq, segs + full
 
 
