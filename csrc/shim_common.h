@@ -65,17 +65,21 @@ inline void check_map(const at::Tensor &m, const char *op, const char *arg) {
 ** plan's map entries as they do the map's. */
 inline int32_t check_order(const std::optional<at::Tensor> &o, int64_t rows, const at::Tensor &ref,
                            const char *op, const char *arg, bool segmented = false) {
-  if (!o.has_value() || !o->defined()) return 0;
+  if (!o.has_value() || !o->defined()) return TSP_ORDER_ROWS;
   const int64_t plan_len = rows * (1 + ref.size(1));
-  const bool plan = !segmented && o->dim() == 1 && rows > 0 && o->size(0) == plan_len && plan_len != rows;
-  TORCH_CHECK(o->dim() == 1 && (segmented || o->size(0) == rows || plan), op, ": ", arg, " must be [",
-              rows, "] (one entry per map row) or, without segments, a tile plan [", plan_len,
-              "] (mask_order with_map=True), got shape ", o->sizes());
+  const int64_t steps_len = ref.size(1) <= 64 ? tsp_tile_steps_len(rows, ref.size(1)) : -1;
+  const bool unseg = !segmented && o->dim() == 1 && rows > 0;
+  const bool plan = unseg && o->size(0) == plan_len && plan_len != rows;
+  const bool steps = unseg && o->size(0) == steps_len; /* never plan_len: a record outgrows its rows */
+  TORCH_CHECK(o->dim() == 1 && (segmented || o->size(0) == rows || plan || steps), op, ": ", arg,
+              " must be [", rows, "] (one entry per map row) or, without segments, a tile plan [", plan_len,
+              "] (mask_order with_map=True) or a step plan [", steps_len, "] (tile_steps), got shape ",
+              o->sizes());
   TORCH_CHECK(o->scalar_type() == at::kInt, op, ": ", arg, " must be int32, got ",
               o->scalar_type());
   TORCH_CHECK(o->device() == ref.device(), op, ": ", arg, " is on ", o->device(), " but the map is on ",
               ref.device());
-  return plan ? 1 : 0;
+  return plan ? TSP_ORDER_TILE_PLAN : steps ? TSP_ORDER_STEPS : TSP_ORDER_ROWS;
 }
 
 /* A segmented plan (tsp_segment, torchsp/plan.py): flat [start, count,
@@ -130,6 +134,19 @@ inline void check_mask_order_map(const at::Tensor &m, const char *op) {
               " offsets (one bit each in the sort key), got ", m.size(1));
   TORCH_CHECK(m.size(0) < (int64_t(1) << 31) - 1, op, ": nbmap has more rows than int32 can index: ",
               m.size(0));
+}
+
+/* tile_steps' arguments: a map int32 [N, V], 1 <= V <= 64, and an order int32 [N] on its device. */
+inline void check_steps_args(const at::Tensor &m, const at::Tensor &order, const char *op) {
+  check_map(m, op, "nbmap");
+  TORCH_CHECK(m.size(1) >= 1 && m.size(1) <= 64, op, ": nbmap must have 1 to 64 offsets, got ", m.size(1));
+  TORCH_CHECK(m.size(0) < (int64_t(1) << 31) - 1, op, ": nbmap has more rows than int32 can index: ",
+              m.size(0));
+  TORCH_CHECK(order.dim() == 1 && order.size(0) == m.size(0), op, ": order must be [", m.size(0),
+              "] (one entry per map row; mask_order without with_map), got shape ", order.sizes());
+  TORCH_CHECK(order.scalar_type() == at::kInt, op, ": order must be int32, got ", order.scalar_type());
+  TORCH_CHECK(order.device() == m.device(), op, ": order is on ", order.device(), " but nbmap is on ",
+              m.device());
 }
 
 /* kernel_map_pairs' map: int32 [N, V] whose row indices fit the int32 pairs. */

@@ -186,6 +186,19 @@ at::Tensor mask_order_cpu(const at::Tensor &nbmap_, int64_t offsets, bool with_m
   return plan;
 }
 
+/* The step plan [tsp_tile_steps_len(N, V)] of nbmap and order (torchsp.h). */
+at::Tensor tile_steps_cpu(const at::Tensor &nbmap_, const at::Tensor &order_) {
+  const char *op = "torchsp.tile_steps";
+  check_steps_args(nbmap_, order_, op);
+  at::Tensor nbmap = nbmap_.contiguous(), order = order_.contiguous();
+  const int64_t n = nbmap.size(0), v = nbmap.size(1);
+  at::Tensor steps = at::empty({tsp_tile_steps_len(n, v)}, nbmap.options());
+  check_status(tsp_tile_steps_cpu(nbmap.data_ptr<int32_t>(), n, v, order.data_ptr<int32_t>(),
+                                  steps.data_ptr<int32_t>()),
+               op);
+  return steps;
+}
+
 /* (pairs [P] int32, starts [V + 1] int64): count, allocate P, fill (torchsp.h). */
 std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_) {
   const char *op = "torchsp.kernel_map_pairs";
@@ -207,6 +220,7 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_
 
 TORCH_LIBRARY_IMPL(torchsp, CPU, m) {
   m.impl("mask_order", &mask_order_cpu);
+  m.impl("tile_steps", &tile_steps_cpu);
   m.impl("out_coords", &out_coords_cpu);
   m.impl("kernel_map", &kernel_map_cpu);
   m.impl("kernel_map_transpose", &kernel_map_transpose_cpu);

@@ -254,6 +254,20 @@ at::Tensor mask_order_cuda(const at::Tensor &nbmap_, int64_t offsets, bool with_
   return plan;
 }
 
+/* The step plan [tsp_tile_steps_len(N, V)] of nbmap and order (torchsp.h). */
+at::Tensor tile_steps_cuda(const at::Tensor &nbmap_, const at::Tensor &order_) {
+  const char *op = "torchsp.tile_steps";
+  check_steps_args(nbmap_, order_, op);
+  c10::cuda::CUDAGuard guard(nbmap_.device());
+  at::Tensor nbmap = nbmap_.contiguous(), order = order_.contiguous();
+  const int64_t n = nbmap.size(0), v = nbmap.size(1);
+  at::Tensor steps = at::empty({tsp_tile_steps_len(n, v)}, nbmap.options());
+  check_status(tsp_tile_steps_cuda(nbmap.data_ptr<int32_t>(), n, v, order.data_ptr<int32_t>(),
+                                   steps.data_ptr<int32_t>(), current_stream()),
+               op);
+  return steps;
+}
+
 /* (pairs [P] int32, starts [V + 1] int64): count and scan, read P back (the one
 ** synchronisation), allocate, fill; the workspace carries the scanned cell
 ** bases from the first call to the second. */
@@ -286,6 +300,7 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap
 
 TORCH_LIBRARY_IMPL(torchsp, CUDA, m) {
   m.impl("mask_order", &mask_order_cuda);
+  m.impl("tile_steps", &tile_steps_cuda);
   m.impl("out_coords", &out_coords_cuda);
   m.impl("kernel_map", &kernel_map_cuda);
   m.impl("kernel_map_transpose", &kernel_map_transpose_cuda);

@@ -202,11 +202,12 @@ typedef struct {
   ** kernels and algo.threshold == -1 ignore them.  Device pointers. */
   const int32_t *order;   /* [n_out] order of nbmap's rows (forward) */
   const int32_t *order_t; /* [n_in] order of nbmap_t's rows (dgrad) */
-  /* 1 when order / order_t is instead a tile plan [rows * (1 + V)] (no
-  ** segments; tsp_mask_plan_*): the order, then the map rows in that order, so
-  ** a tile can read its rows' entries without first waiting for the order
-  ** (the warp-specialized tiles' producers: C = 128 fwd and dgrad kernels ~10%
-  ** faster on the H100). */
+  /* The form of order / order_t (no segments; TSP_ORDER_*): the order alone,
+  ** or a tile plan [rows * (1 + V)] (tsp_mask_plan_*: the order, then the map
+  ** rows in that order, so a tile reads its rows' entries without first
+  ** waiting for the order), or a step plan [tsp_tile_steps_len(rows, V)]
+  ** (tsp_tile_steps_*: the order, then each 128-row tile's offsets and map
+  ** entries, which the kernels with 128-row tiles copy instead of building). */
   int32_t order_plan;
   int32_t order_t_plan;
   /* Optional segmented plans of the CUDA forward / dgrad (n_segs == 0: one
@@ -242,12 +243,48 @@ typedef struct {
 ** its rows by the rest alone. */
 enum { TSP_MASK_ORDER_MAX_VOLUME = 63 };
 
+/* tsp_conv_problem.order_plan: what order / order_t holds. */
+enum { TSP_ORDER_ROWS = 0, TSP_ORDER_TILE_PLAN = 1, TSP_ORDER_STEPS = 2 };
+
 /* Tile plan of a map [n_rows, V] and one of its row orders (tsp_mask_plan_*):
 ** plan [n_rows * (1 + V)], the order (plan[i] = order[i]), then the map rows
 ** in that order (plan[n_rows + i * V + k] = map[order[i], k]); an order entry
 ** outside [0, n_rows) gives -1 and a row of -1.  Its first n_rows entries are
 ** the order itself, so the conv passes take it in place of the order
 ** (tsp_conv_problem.order_plan). */
+
+/* Step plan of a map [n_rows, V] (1 <= V <= 64) and one of its row orders
+** (tsp_tile_steps_*): each 128-row tile of the order, listed once so that
+** the CUDA output-stationary kernels copy it instead of reading and sorting
+** their rows' map entries on every call.  steps [R + tiles * W] int32,
+** R = tsp_tile_steps_base(n_rows) (n_rows rounded up to a multiple of 4, so
+** that records start 16-byte aligned), tiles = ceil(n_rows / 128), W =
+** tsp_tile_steps_words(V): the order (steps[i] = order[i], -1 for an entry
+** outside [0, n_rows)), -1 up to R, then tile t's record at R + t * W:
+**   groups[V]  bit g of groups[k] set when a row of the tile's 16-row group g
+**              (tile rows 16 g .. 16 g + 15) has offset k (map entry >= 0);
+**   list[V]    the offsets k with groups[k] != 0, increasing, then zeros;
+**   count      how many list holds, then 3 zero words;
+**   rows[128]  the map row of each tile row (the order's entry), -1 past
+**              n_rows or for an entry outside [0, n_rows);
+**   zeros up to H = tsp_tile_steps_head(V) words (a multiple of 4);
+**   cols       V columns of 128 words from H: column j < count holds the map
+**              entries of offset list[j] of the tile rows, -1 where the row is
+**              -1 or the entry negative; the later columns are all -1.
+** The conv passes take it in place of an unsegmented order
+** (tsp_conv_problem.order_plan = TSP_ORDER_STEPS) and check every word they
+** use (a wrong plan gives wrong sums, never an access out of bounds). */
+enum { TSP_STEPS_ROWS = 128 };
+static inline int64_t tsp_tile_steps_head(int64_t volume) {
+  return (2 * volume + 4 + TSP_STEPS_ROWS + 3) & ~(int64_t)3;
+}
+static inline int64_t tsp_tile_steps_words(int64_t volume) {
+  return tsp_tile_steps_head(volume) + TSP_STEPS_ROWS * volume;
+}
+static inline int64_t tsp_tile_steps_base(int64_t n_rows) { return (n_rows + 3) & ~(int64_t)3; }
+static inline int64_t tsp_tile_steps_len(int64_t n_rows, int64_t volume) {
+  return tsp_tile_steps_base(n_rows) + (n_rows + TSP_STEPS_ROWS - 1) / TSP_STEPS_ROWS * tsp_tile_steps_words(volume);
+}
 
 /* Weight-stationary form of a kernel map [n_rows, V] ("pairs"): for each
 ** offset k in increasing k, the rows q with map[q, k] >= 0 in increasing q,
@@ -265,6 +302,8 @@ tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume
                               uint64_t offsets, int32_t *order);
 tsp_status tsp_mask_plan_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
                              const int32_t *order, int32_t *plan);
+tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
+                              const int32_t *order, int32_t *steps);
 
 /* starts [V + 1] of the map's pairs (see above); volume >= 1. */
 tsp_status tsp_kernel_map_pair_counts_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
@@ -342,6 +381,8 @@ tsp_status tsp_mask_order_cuda(const int32_t *map, int64_t n_rows, int64_t volum
                                size_t workspace_bytes, tsp_cuda_stream stream);
 tsp_status tsp_mask_plan_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
                               const int32_t *order, int32_t *plan, tsp_cuda_stream stream);
+tsp_status tsp_tile_steps_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
+                               const int32_t *order, int32_t *steps, tsp_cuda_stream stream);
 
 /* The map's pairs on the GPU, same result as the CPU twins.  _pair_counts
 ** fills starts_device [V + 1] and leaves in the workspace the base of every

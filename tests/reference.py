@@ -19,6 +19,8 @@ plain torch:
   sites.  Differentiable (autograd of the dense op gives reference gradients).
 - ``gather_conv``: y = sum_k x[nbmap[:, k]] @ w[k] from a reference map.
 - ``gather_wgrad``: dw[k] = sum over present q of x[nbmap[q, k]]^T dy[q].
+- ``tile_steps``: the step plan of a map and row order, from csrc/torchsp.h's
+  layout, with a mask of the words that layout specifies.
 """
 
 import torch
@@ -87,6 +89,41 @@ def transpose_map(nbmap, n_in):
     assert torch.unique(p * v + k).numel() == p.numel(), "two outputs read one input through one offset"
     out[p, k] = q
     return out
+
+
+def tile_steps(nbmap, order, tile=128):
+    """int64 [R + T * W], csrc/torchsp.h's step plan: the order (entries outside [0, N) as -1),
+    -1 up to R (N rounded up to a multiple of 4), then per `tile`-row tile of the order its
+    record: offset masks of its 16-row groups, the used offsets (then zeros), their count and 3
+    zeros, its rows, zeros to a multiple of 4 words, one column of `tile` map entries per used
+    offset (-1 absent), then -1 up to V columns."""
+    nbmap, order = nbmap.long().cpu(), order.long().cpu()
+    n, v = nbmap.shape
+    tiles = (n + tile - 1) // tile
+    head = (2 * v + 4 + tile + 3) // 4 * 4
+    words = head + tile * v
+    base = (n + 3) // 4 * 4  # records start 16-byte aligned
+    plan = torch.zeros(base + tiles * words, dtype=torch.int64)
+    plan[n:base] = -1
+    rows = torch.full((tiles * tile,), -1, dtype=torch.int64)
+    rows[:n] = torch.where((order >= 0) & (order < n), order, -1)
+    plan[:n] = rows[:n]
+    for t in range(tiles):
+        r = rows[t * tile:(t + 1) * tile]
+        ent = torch.full((tile, v), -1, dtype=torch.int64)
+        ent[r >= 0] = nbmap[r[r >= 0]].clamp(min=-1)
+        groups = [sum(1 << g for g in range(tile // 16) if bool((ent[16 * g:16 * g + 16, k] >= 0).any()))
+                  for k in range(v)]
+        used = [k for k in range(v) if groups[k]]
+        at = base + t * words
+        plan[at:at + v] = torch.tensor(groups)
+        plan[at + v:at + v + len(used)] = torch.tensor(used, dtype=torch.int64)
+        plan[at + 2 * v] = len(used)
+        plan[at + 2 * v + 4:at + 2 * v + 4 + tile] = r
+        plan[at + head:at + words] = -1
+        for j, k in enumerate(used):
+            plan[at + head + j * tile:at + head + (j + 1) * tile] = ent[:, k]
+    return plan
 
 
 def gather_conv(feats, nbmap, weight, bias=None):

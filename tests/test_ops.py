@@ -203,7 +203,7 @@ def _mask_map(device, n, v, seed):
     g = torch.Generator().manual_seed(seed)
     p = torch.rand(v, generator=g) * 0.8
     present = torch.rand(n, v, generator=g) < p
-    return torch.where(present, torch.randint(0, n, (n, v), generator=g),
+    return torch.where(present, torch.randint(0, max(n, 1), (n, v), generator=g),
                        torch.where(torch.rand(n, v, generator=g) < 0.5, -1, -9)).int().to(device)
 
 
@@ -232,6 +232,42 @@ def test_mask_order_offset_subset(v, device):
     assert torch.equal(torchsp.kmap.mask_order(nbmap, (1 << 64) - 1), default)
     assert torch.equal(torchsp.kmap.mask_order(nbmap, (1 << 63) | full), default)
     torch.library.opcheck(ops.mask_order.default, (nbmap, sub))
+
+
+@pytest.mark.parametrize("n,v", [(700, 27), (128, 8), (1, 27), (300, 64), (0, 27)])
+def test_tile_steps_matches_reference(n, v, device):
+    """tile_steps against the reference layout (reference.tile_steps, written from torchsp.h):
+    for the mask order, and for a permutation with entries outside [0, N) (no row there); absent
+    map entries -1 or -9 come out -1; N not a multiple of 128, one row, none, V = 64."""
+    nbmap = _mask_map(device, n, v, seed=n + v)
+    g = torch.Generator().manual_seed(7 + n)
+    perm = torch.randperm(n, generator=g).int()
+    if n > 2:
+        perm[0], perm[1] = -5, n + 3
+    orders = [perm.to(device)] + ([ops.mask_order(nbmap)] if v <= 63 else [])
+    for order in orders:
+        steps = ops.tile_steps(nbmap, order)
+        want = ref.tile_steps(nbmap, order)
+        assert steps.dtype == torch.int32 and steps.device == nbmap.device
+        assert torch.equal(steps.cpu().long(), want)
+    torch.library.opcheck(ops.tile_steps.default, (nbmap, orders[-1]))
+
+
+def test_tile_steps_rejects_bad_arguments(device):
+    """Wrong dtype, shape or device of the order, or a map wider than 64 offsets: errors naming them."""
+    nbmap = _mask_map(device, 50, 27, seed=3)
+    order = ops.mask_order(nbmap)
+    with pytest.raises(RuntimeError, match="order must be int32"):
+        ops.tile_steps(nbmap, order.long())
+    with pytest.raises(RuntimeError, match=r"order must be \[50\]"):
+        ops.tile_steps(nbmap, order[:49])
+    with pytest.raises(RuntimeError, match="1 to 64 offsets"):
+        ops.tile_steps(_mask_map(device, 50, 65, seed=4), order)
+    with pytest.raises(RuntimeError, match="nbmap"):
+        ops.tile_steps(nbmap.long(), order)
+    if device == "cuda":
+        with pytest.raises(RuntimeError, match="order is on"):
+            ops.tile_steps(nbmap, order.cpu())
 
 
 def test_mask_order_is_sorted_permutation(device):

@@ -133,6 +133,35 @@ def test_ws_tiles_many(tile):
         _assert_close(y, dx, ref.feats, ref_dx)
 
 
+@pytest.mark.parametrize("tile", [3, 13, 15, 16])
+def test_step_plans(tile):
+    """Step plans (torchsp.kmap.tile_order: the order a CUDA map carries) under the sanitizers:
+    the same sums, bitwise, as the bare mask order [N] (the tiles walk the same rows and offsets),
+    and a plan whose records are overwritten with wild words (offset lists, counts, rows and map
+    entries out of range) runs without an access out of bounds."""
+    x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=21)
+    w16, g16 = w16[:, :, :128].contiguous(), g16[:, :128].contiguous()  # Cout 128: tile 16 fits
+    ref_y = ref_y[:, :128]
+    km = torchsp.kmap.get_kernel_map(x, 3)[0]
+    n, n_t = km.nbmap.shape[0], km.nbmap_t.shape[0]
+    assert km.order.shape[0] > n and km.order_t.shape[0] > n_t  # step plans
+    a = [0, tile, 0, 0]
+    y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
+    dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, km.order_t)
+    bare, bare_t = km.order[:n].clone(), km.order_t[:n_t].clone()
+    assert torch.equal(y, torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, bare, bare_t))
+    assert torch.equal(dx, torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, bare_t))
+    ref_dx = torch.ops.torchsp.conv_dgrad(g16.double().cpu(), w16.double().cpu(), km.nbmap_t.cpu(), [0, 0, 0, 0])
+    _assert_close(y, dx, ref_y, ref_dx)
+    g = torch.Generator().manual_seed(tile)
+    wild, wild_t = km.order.clone(), km.order_t.clone()
+    for p, rows in ((wild, n), (wild_t, n_t)):
+        p[rows:] = torch.randint(-3000, 3 * n, (p.shape[0] - rows,), generator=g, dtype=torch.int32).cuda()
+    torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, wild, wild_t)
+    torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, wild_t)
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("tile", [0, 3, 13, 15])
 def test_split_k(tile):
     """Split-K (dataflow 3) under the sanitizers: 40 -> 144 channels, 3 and 7 runs per tile (runs

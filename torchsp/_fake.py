@@ -8,6 +8,8 @@ inputs.
 
 import torch
 
+STEPS_ROWS = 128  # rows of a step plan's tile (csrc/torchsp.h, TSP_STEPS_ROWS)
+
 
 def _volume(kernel):
     return int(kernel[0]) * int(kernel[1]) * int(kernel[2])
@@ -42,6 +44,13 @@ def _mask_order(nbmap, offsets=-1, with_map=False):
     if with_map:
         return nbmap.new_empty((nbmap.shape[0] * (1 + nbmap.shape[1]),))
     return nbmap.new_empty((nbmap.shape[0],))
+
+
+@torch.library.register_fake("torchsp::tile_steps")
+def _tile_steps(nbmap, order):
+    n, v = nbmap.shape[0], nbmap.shape[1]
+    head = (2 * v + 4 + STEPS_ROWS + 3) // 4 * 4  # csrc/torchsp.h, tsp_tile_steps_len
+    return nbmap.new_empty(((n + 3) // 4 * 4 + (n + STEPS_ROWS - 1) // STEPS_ROWS * (head + STEPS_ROWS * v),))
 
 
 @torch.library.register_fake("torchsp::conv_fwd")

@@ -34,8 +34,8 @@ class KernelMap:
         nbmap_t: int32 [N_in, V], output row that reads input p through offset k, or -1 (dgrad).
         order, order_t: int32 [N_out] / [N_in] row permutations sorted by neighbour mask
             (see mask_order), or None; CUDA tensor-core tiles walk rows in this order.
-            Built here for a CUDA map, each is the tile plan [N * (1 + V)] (mask_order's
-            with_map: the permutation, then the map rows in that order).
+            Built here for a CUDA map, each is the step plan (tile_order: the permutation,
+            then each 128-row tile's offsets and map entries).
             With sort_rows=True each is built on first read: order_t serves dgrad only, and
             a forward without gradients never reads it (sorting costs ~70 us of host time and
             ~40 us of GPU per map on the H100, 28 sorts in a MinkUNet forward).
@@ -53,13 +53,13 @@ class KernelMap:
     @property
     def order(self):
         if self._order is _UNSORTED:
-            self._order = mask_order(self.nbmap, with_map=self.nbmap.is_cuda)
+            self._order = tile_order(self.nbmap)
         return self._order
 
     @property
     def order_t(self):
         if self._order_t is _UNSORTED:
-            self._order_t = mask_order(self.nbmap_t, with_map=self.nbmap_t.is_cuda)
+            self._order_t = tile_order(self.nbmap_t)
         return self._order_t
 
     def swapped(self):
@@ -101,6 +101,25 @@ def mask_order(nbmap, offsets=-1, with_map=False):
     if with_map:
         return torch.ops.torchsp.mask_order(nbmap, offsets, True)
     return torch.ops.torchsp.mask_order(nbmap, offsets)
+
+
+def tile_order(nbmap):
+    """The row order a pass over `nbmap` [N, V] int32 walks: mask_order's, and on CUDA its step
+    plan (tile_steps), or None when V > 63.
+
+    The step plan, int32 [N + ceil(N / 128) * W] (W = 4 * ceil((2 V + 132) / 4) + 128 V words,
+    csrc/torchsp.h), is the order [N], then for each 128-row tile of it the offsets its rows use,
+    a mask of the 16-row groups using each, its output rows and, per used offset, the rows' map
+    entries.  The conv ops take it wherever they take an unsegmented order; the CUDA kernels with
+    128-row tiles then copy each tile's record instead of reading and sorting V map entries per
+    row on every call (H100/H200, lidar_198k: main kernels 10-29% faster at C = 32-64), for
+    about one more map-sized tensor, built once per map and pass (~10-20 us).
+    torch.ops.torchsp.tile_steps: C (CPU) or one block per tile (CUDA).
+    """
+    order = mask_order(nbmap)
+    if order is None or not nbmap.is_cuda:
+        return order
+    return torch.ops.torchsp.tile_steps(nbmap, order)
 
 
 def map_pairs(nbmap):
@@ -223,7 +242,7 @@ def build_kernel_map(in_coords, out_coords, kernel_size, dilation, padding, step
     if not nbmap.is_cuda:  # the CPU kernels walk rows in any order
         return KernelMap(nbmap, nbmap_t)
     if tracing():  # traced code builds what it may read (no lazy state in a graph)
-        return KernelMap(nbmap, nbmap_t, mask_order(nbmap, with_map=True), mask_order(nbmap_t, with_map=True))
+        return KernelMap(nbmap, nbmap_t, tile_order(nbmap), tile_order(nbmap_t))
     return KernelMap(nbmap, nbmap_t, sort_rows=True)
 
 

@@ -111,6 +111,16 @@
 ** within the rounds' spread).  The one-offset tiles gain most: their
 ** epilogue was most of a tile's time.  C = 256 (tile 15, whose stages leave
 ** no room to stage a 128 x 256 tile) is unchanged.
+** Step plans (torchsp.h; conv_tile.cuh tsp_tile_from_steps_by: a tile copies
+** its offsets and map entries, listed once per map, instead of reading and
+** sorting V entries per row), 2026-11-26, H100, against the previous commit's
+** build in the same call, three alternating rounds, event median us, fwd /
+** dgrad: C = 32 41.0 -> 37.0 / 40.6 -> 32.8; C = 64 56.0 -> 51.5 / 56.4 ->
+** 51.9; C = 128 109.9 -> 106.4 / 109.0 -> 106.1; down3 C = 64 74.1 -> 65.9 /
+** 46.8 -> 40.6; down3 C = 128 96.2 -> 91.7 / 57.3 -> 49.8; down2 C = 128 dgrad
+** 40.5 -> 34.4; the host-bound down2 / up2 C = 64 calls within their spread.
+** Main kernels (torch.profiler, same call): C = 32 fwd 29.8, dgrad 30.3
+** (37.5 / 38.1 in session 28's run), up2 C = 128 fwd 30.8 (36.9).
 */
 #include "conv_internal.cuh"
 
@@ -275,6 +285,7 @@ static tsp_status segment_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_l
   ++*launches;
   sa.order = a->order + g->start;
   sa.plan = g->plan; /* its map rows follow its row entries: tsp_os_plan_map */
+  sa.steps = NULL;    /* a pass's step plan covers all its rows and offsets, no segment */
   sa.tile_rows = g->count;
   sa.offsets = g->offsets;
   sa.mode = mode;
@@ -422,6 +433,14 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   return TSP_OK;
 }
 
+/* The records of a step plan (torchsp.h) whose order has `rows` entries, or
+** NULL when they are not 16-byte aligned (a view at an odd offset): the
+** kernels copy them in 16-byte words, and the order alone gives the same sums. */
+static const int32_t *tsp_steps_of(const int32_t *plan, int64_t rows) {
+  const int32_t *steps = plan + tsp_tile_steps_base(rows);
+  return ((uintptr_t)steps & 15) == 0 ? steps : NULL;
+}
+
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
                              const int32_t *nbmap, void *y, void *workspace,
                              size_t workspace_bytes, tsp_cuda_stream stream) {
@@ -432,7 +451,10 @@ tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const 
                            segmented || prob->algo.threshold != -1 ? prob->order : NULL,
                            prob->n_out, prob->volume, prob->c_in, prob->c_out, y,
                            (cudaStream_t)stream, prob->n_out, ~(uint64_t)0, NULL, TSP_EPI_STORE,
-                           NULL, 0, prob->order_plan};
+                           NULL, 0, prob->order_plan == TSP_ORDER_TILE_PLAN, 0, 0,
+                           prob->order && prob->order_plan == TSP_ORDER_STEPS && !segmented && prob->algo.threshold != -1
+                               ? tsp_steps_of(prob->order, prob->n_out)
+                               : NULL};
   return output_stationary(prob->dtype, &a, 0, prob->algo, prob->segs, prob->n_segs,
                            workspace, workspace_bytes);
 }
@@ -447,7 +469,10 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
                            segmented || prob->algo.threshold != -1 ? prob->order_t : NULL,
                            prob->n_in, prob->volume, prob->c_out, prob->c_in, dx,
                            (cudaStream_t)stream, prob->n_in, ~(uint64_t)0, NULL, TSP_EPI_STORE,
-                           NULL, 0, prob->order_t_plan};
+                           NULL, 0, prob->order_t_plan == TSP_ORDER_TILE_PLAN, 0, 0,
+                           prob->order_t && prob->order_t_plan == TSP_ORDER_STEPS && !segmented && prob->algo.threshold != -1
+                               ? tsp_steps_of(prob->order_t, prob->n_in)
+                               : NULL};
   return output_stationary(prob->dtype, &a, 1, prob->algo, prob->segs_t, prob->n_segs_t,
                            workspace, workspace_bytes);
 }

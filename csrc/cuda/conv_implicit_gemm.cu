@@ -63,7 +63,8 @@ __global__ void __launch_bounds__(CFG::THREADS)
     igemm_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
-                    int n, T *__restrict__ out, float *__restrict__ accum, int mode, int splits) {
+                    int n, T *__restrict__ out, float *__restrict__ accum, int mode, int splits,
+                    const int32_t *__restrict__ plan_steps) {
   enum { BM = CFG::BM, BN = CFG::BN, BK = CFG::BK, STAGES = CFG::STAGES, NT = CFG::THREADS };
   enum { MI = CFG::MI, NI = CFG::NI, A_LD = CFG::A_LD, B_LD = CFG::B_LD };
   static_assert(NI % 2 == 0, "B fragments are loaded two n8 blocks at a time");
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(CFG::THREADS)
   T *s_a = (T *)smem_raw;
   T *s_b = s_a + STAGES * CFG::A_STAGE;
   const tsp_tile_smem tile = tsp_tile_smem_at(s_b + STAGES * CFG::B_STAGE, BM, volume);
-  const int32_t *s_nb = tile.nb, *s_list = tile.list, *s_rows = tile.rows;
+  const int32_t *s_list = tile.list, *s_rows = tile.rows;
   const uint32_t *s_groups = tile.groups;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -81,8 +82,13 @@ __global__ void __launch_bounds__(CFG::THREADS)
   int split; /* split-K: which run of the tile's offsets this block sums */
   tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
-  /* 1-2. The tile's map entries, per-offset masks of 16-row groups, used offsets. */
-  tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
+  /* 1-2. The tile's map entries, per-offset masks of 16-row groups, used offsets:
+  ** copied from the step plan when there is one (conv_tile.cuh). */
+  const bool from_steps = plan_steps != nullptr;
+  if (from_steps)
+    tsp_tile_from_steps<BM, NT>(plan_steps, row0, volume, rows, src_rows, tile);
+  else
+    tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
   accum = tsp_split_accum(accum, split, rows, n);
   if (tsp_tile_adds_nothing(mode, *tile.count)) return; /* block-uniform */
   const int chunks = (red + BK - 1) / BK;
@@ -103,7 +109,7 @@ __global__ void __launch_bounds__(CFG::THREADS)
       if (i >= BM * (BK / 8)) break;
       const int r = i / (BK / 8), c = c0 + (i % (BK / 8)) * 8;
       if (!((used >> (r >> 4)) & 1u)) continue;
-      const int32_t p = s_nb[r * volume + k];
+      const int32_t p = tsp_tile_entry(tile, from_steps, BM, volume, r, li, k);
       const bool valid = p >= 0 && c < red;
       const T *g = valid ? src + (int64_t)p * red + c : src;
       tsp_cp_async16_bytes(tsp_smem_addr(a_dst + r * A_LD + (i % (BK / 8)) * 8), g, valid ? 16u : 0u);
@@ -259,7 +265,8 @@ template <typename T, typename CFG> static tsp_status launch_igemm(const tsp_os_
   if (tiles * splits > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
   igemm_os_kernel<T, CFG><<<(unsigned)(tiles * splits), CFG::THREADS, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, nullptr /* plan_map: conv_tile.cuh */, a.rows, a.tile_rows,
-      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits);
+      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits,
+      CFG::BM == 128 && splits == 1 ? a.steps : nullptr);
   return tsp_cuda_check_launch("tsp_conv_igemm_os");
 }
 

@@ -40,8 +40,19 @@ typedef struct {
   int32_t *rows;    /* [BM] map row of each tile row, -1 = none */
 } tsp_tile_smem;
 
+/* Words of a step plan record's head: groups[V], list[V], count and 3 spare
+** words, rows[BM], padded to whole 16-byte chunks (tsp_tile_from_steps). */
+static __host__ __device__ __forceinline__ int64_t tsp_steps_head_words(int bm, int volume) {
+  return ((int64_t)2 * volume + 4 + bm + 3) & ~(int64_t)3;
+}
+
+/* Words of one tile's step plan record: the head, then BM entries per used offset. */
+static __host__ __device__ __forceinline__ int64_t tsp_steps_words(int bm, int volume) {
+  return tsp_steps_head_words(bm, volume) + (int64_t)bm * volume;
+}
+
 static __host__ __device__ __forceinline__ size_t tsp_tile_smem_bytes(int bm, int volume) {
-  return (size_t)bm * volume * 4 + (size_t)volume * 8 + 16 + (size_t)bm * 4;
+  return (size_t)bm * volume * 4 + (size_t)tsp_steps_head_words(bm, volume) * 4;
 }
 
 static __device__ __forceinline__ tsp_tile_smem tsp_tile_smem_at(void *base, int bm, int volume) {
@@ -291,6 +302,82 @@ static __device__ __forceinline__ void tsp_tile_offsets(
     const tsp_tile_smem &t, int split = 0, int splits = 1) {
   tsp_tile_offsets_by<BM, NT, 0>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, t,
                                  (int)threadIdx.x, split, splits);
+}
+
+/* Step plans (torchsp.h, tsp_tile_steps_*).  A pass's tiles can be listed
+** once per map instead of in every launch: tile_steps.cu runs the first phase
+** above for every 128-row tile of a row order and writes, per tile t, a
+** record of tsp_steps_words(128, V) int32 words at steps + t * that:
+**   head  groups[V], list[V], count, 3 spare, rows[BM] (tsp_tile_smem's
+**         layout from groups on, so it lands there as one contiguous copy),
+**         padded to tsp_steps_head_words;
+**   cols  count columns of BM words: column j holds the tile rows' entries
+**         of offset list[j] (-1 absent), in tile-row order.
+** A kernel given the plan copies its tile's record into shared memory (two
+** memory round trips: count, then the rest) and reads the entry of (row r,
+** list index j) at nb[j * BM + r] instead of nb[r * V + list[j]]
+** (tsp_tile_entry).  Why: on lidar_198k at C = 32 the first phase was 29% of
+** the mma.sync kernel's instructions and ~20% of its stall samples (Nsight
+** Compute, H100, 2026-11-26): 27 map entries per row read and sorted in
+** every launch where a tile uses ~6.5 offsets.  The plan is built once per
+** map and pass and read contiguously.
+** A plan is data the caller passes in, so every word is checked as it
+** lands (the copying thread owns the word, no second barrier): count within
+** [0, V], list entries within [0, V), output rows within [-1, rows), map
+** entries within [-1, src_rows).  A wrong plan gives wrong sums, never an
+** access out of bounds. */
+template <int BM, int NT, int BAR>
+static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__restrict__ steps, int64_t row0,
+                                                              int volume, int64_t rows, int64_t src_rows,
+                                                              const tsp_tile_smem &t, int tid) {
+  const int head = (int)tsp_steps_head_words(BM, volume);
+  const int32_t *rec = steps + (row0 / BM) * tsp_steps_words(BM, volume);
+  int count = rec[2 * volume]; /* the same word for every thread: one request */
+  for (int i = tid; i < head / 4; i += NT) {
+    int4 v = *(const int4 *)(rec + 4 * i);
+    int *e = (int *)&v;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int w = 4 * i + q; /* word of the head: groups, list, count, spare, rows */
+      if (w >= volume && w < 2 * volume && (e[q] < 0 || e[q] >= volume)) e[q] = 0;
+      if (w == 2 * volume) e[q] = e[q] < 0 ? 0 : e[q] > volume ? volume : e[q];
+      if (w >= 2 * volume + 4 && (e[q] < -1 || (int64_t)e[q] >= rows)) e[q] = -1;
+    }
+    if (4 * i + 3 <= 2 * volume || 4 * i >= 2 * volume + 4) {
+      *(int4 *)(t.groups + 4 * i) = v;
+    } else { /* the 3 words after count are the kernel's own (ws_tile_index): kept */
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (4 * i + q <= 2 * volume || 4 * i + q >= 2 * volume + 4) ((int32_t *)t.groups)[4 * i + q] = e[q];
+    }
+  }
+  count = count < 0 ? 0 : count > volume ? volume : count;
+  const int4 *cols = (const int4 *)(rec + head);
+#pragma unroll 4
+  for (int i = tid; i < count * (BM / 4); i += NT) {
+    int4 v = cols[i];
+    int *e = (int *)&v;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (e[q] < -1 || (int64_t)e[q] >= src_rows) e[q] = -1;
+    *(int4 *)(t.nb + 4 * i) = v;
+  }
+  tsp_tile_sync<BAR, NT>();
+}
+
+/* The whole block copies its tile's record. */
+template <int BM, int NT>
+static __device__ __forceinline__ void tsp_tile_from_steps(const int32_t *__restrict__ steps, int64_t row0,
+                                                           int volume, int64_t rows, int64_t src_rows,
+                                                           const tsp_tile_smem &t) {
+  tsp_tile_from_steps_by<BM, NT, 0>(steps, row0, volume, rows, src_rows, t, (int)threadIdx.x);
+}
+
+/* The map entry of tile row r for list index j (offset k = list[j]) in the
+** layout the tile was built in: from a step plan or by tsp_tile_offsets. */
+static __device__ __forceinline__ int32_t tsp_tile_entry(const tsp_tile_smem &t, bool from_steps, int bm,
+                                                         int volume, int r, int j, int k) {
+  return from_steps ? t.nb[j * bm + r] : t.nb[r * volume + k];
 }
 
 /* The epilogues of a segmented pass run in two sweeps: first every

@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(WG_THREADS)
     wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
-                    int n, T *__restrict__ out, float *__restrict__ accum, int mode, int splits) {
+                    int n, T *__restrict__ out, float *__restrict__ accum, int mode, int splits,
+                    const int32_t *__restrict__ plan_steps) {
   enum { BM = 128 * MW, NT = WG_THREADS, A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   static_assert(!SW || BK == 64, "the 128-byte swizzle holds rows of 64 16-bit elements");
   static_assert(!BT || SW, "MN-major weights come in the swizzled layout only");
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(WG_THREADS)
   T *s_a = (T *)(smem_raw + (SW ? (1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023 : 0));
   T *s_b = s_a + STAGES * A_STAGE;
   const tsp_tile_smem tile = tsp_tile_smem_at(s_b + STAGES * B_STAGE, BM, volume);
-  const int32_t *s_nb = tile.nb, *s_list = tile.list, *s_rows = tile.rows;
+  const int32_t *s_list = tile.list, *s_rows = tile.rows;
   const uint32_t *s_groups = tile.groups;
 
   const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
@@ -93,7 +94,11 @@ __global__ void __launch_bounds__(WG_THREADS)
   int split; /* split-K: which run of the tile's offsets this block sums */
   tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
-  tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
+  const bool from_steps = plan_steps != nullptr; /* a step plan (conv_tile.cuh) */
+  if (from_steps)
+    tsp_tile_from_steps<BM, NT>(plan_steps, row0, volume, rows, src_rows, tile);
+  else
+    tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
   accum = tsp_split_accum(accum, split, rows, n);
   if (tsp_tile_adds_nothing(mode, *tile.count)) return; /* block-uniform */
   const int chunks = (red + BK - 1) / BK;
@@ -114,7 +119,7 @@ __global__ void __launch_bounds__(WG_THREADS)
       const int r = SW ? i >> 3 : (i / BK) * 8 + (i & 7);
       const int c = c0 + (SW ? i & 7 : (i >> 3) % (BK / 8)) * 8;
       if (!((used >> ((r >> 6) * 4)) & 0xFu)) continue;
-      const int32_t p = s_nb[r * volume + k];
+      const int32_t p = tsp_tile_entry(tile, from_steps, BM, volume, r, li, k);
       const bool valid = p >= 0 && c < red;
       T *dst = SW ? a_dst + r * 64 + ((i ^ r) & 7) * 8 : a_dst + 8 * i;
       tsp_cp_async16(dst, valid ? src + (int64_t)p * red + c : src, valid);
@@ -293,7 +298,8 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
   if (tiles * splits > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
   wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT><<<(unsigned)(tiles * splits), WG_THREADS, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, nullptr /* plan_map: conv_tile.cuh */, a.rows, a.tile_rows,
-      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits);
+      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits,
+      MW == 1 && splits == 1 ? a.steps : nullptr);
   return tsp_cuda_check_launch("tsp_conv_wgmma_os");
 }
 

@@ -244,8 +244,10 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
                     int n, T *__restrict__ out, float *__restrict__ accum, int mode,
-                    int *__restrict__ next_tile, int tiles, int tbufs, int splits, int staged) {
+                    int *__restrict__ next_tile, int tiles, int tbufs, int splits, int staged,
+                    const int32_t *__restrict__ plan_steps) {
   enum { BM = WS_BM, BK = WS_BK, PT = 32 * PW, NT = WS_CONSUMERS + PT };
+  const bool from_steps = plan_steps != nullptr; /* a step plan (conv_tile.cuh), splits == 1 */
   /* tile 15 at BN = 256: registers to the producers (WS_WIDE_*_REGS) */
   enum { WIDE_REGS = !PP && PW == 4 && BN == 256 };
   enum { A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
@@ -316,8 +318,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
           break;
         }
         tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
-        tsp_tile_offsets_by<BM, PT, WS_TILE_BAR>(map, order, plan_map, rows, tile_rows, row0, volume, offsets,
-                                                  src_rows, tile, p, t % splits, splits);
+        if (from_steps)
+          tsp_tile_from_steps_by<BM, PT, WS_TILE_BAR>(plan_steps, row0, volume, rows, src_rows, tile, p);
+        else
+          tsp_tile_offsets_by<BM, PT, WS_TILE_BAR>(map, order, plan_map, rows, tile_rows, row0, volume, offsets,
+                                                    src_rows, tile, p, t % splits, splits);
         mb_arrive(&tile_full[tb]); /* release: the consumers see the tile */
       }
       const int steps = *tile.count * chunks;
@@ -340,7 +345,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
           for (int b = 0; b < BM / 64; ++b) blocks |= ((used >> (4 * b)) & 0xFu) ? 1u << b : 0u;
           int32_t q[CPT];
 #pragma unroll
-          for (int it = 0; it < CPT; ++it) q[it] = tile.nb[(r0 + RSTEP * it) * volume + k];
+          for (int it = 0; it < CPT; ++it) q[it] = tsp_tile_entry(tile, from_steps, BM, volume, r0 + RSTEP * it, li, k);
 #pragma unroll
           for (int it = 0; it < CPT; ++it) {
             have[it] = q[it] >= 0 ? 16u : 0u;
@@ -410,7 +415,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       int64_t row0;
       int n0;
       tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
-      if (wg == 0)
+      if (from_steps && wg == 0)
+        tsp_tile_from_steps_by<BM, 128, 2>(plan_steps, row0, volume, rows, src_rows, tile, wt);
+      else if (from_steps)
+        tsp_tile_from_steps_by<BM, 128, 3>(plan_steps, row0, volume, rows, src_rows, tile, wt);
+      else if (wg == 0)
         tsp_tile_offsets_by<BM, 128, 2>(map, order, plan_map, rows, tile_rows, row0, volume, offsets,
                                         src_rows, tile, wt, t % splits, splits);
       else
@@ -704,7 +713,7 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
       cudaLaunchKernelEx(&cfg, wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP>, (const T *)a.src, a.src_rows,
                          (const T *)a.w, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
                          (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter,
-                         (int)tiles, tbufs, splits, staged),
+                         (int)tiles, tbufs, splits, staged, splits == 1 ? a.steps : nullptr),
       "tsp_conv_wgmma_ws");
   if (s != TSP_OK) return s;
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");
