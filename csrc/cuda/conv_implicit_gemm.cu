@@ -277,21 +277,32 @@ template <typename T, typename CFG> static tsp_status launch_igemm(const tsp_os_
 **      change mask every few rows), twice the blocks, half the weight reuse;
 **   2: n > 128: 128 x 256 tiles with 16 warps, so C = 256 gathers each source
 **      row once per offset instead of twice; otherwise as 0.
+** At n <= 32 the 128 x 32 tile runs 8 warps of 16 x 32 and 3 stages: 53 KB
+** and 64 registers a thread, so four blocks (32 warps) per SM where 4 warps
+** of 32 x 32 and 4 stages fitted three (12 warps).  With step plans the
+** first phase no longer dominates and the warps wait on dependent latency
+** (Nsight Compute, 2026-11-26: "wait" the top stall, 3 warps per scheduler);
+** main kernel on lidar_198k, H100, same process, three rounds: fwd 29.5 ->
+** 26.9 us, dgrad 30.4 -> 27.0 (8 warps at 4 stages 28.7 / 29.8; 4 warps at
+** 3 stages 29.0 / 29.1, at 2 stages 34.1 / 34.2).  The same shapes at n = 64
+** (8 warps of 16 x 64 at 3 or 2 stages, 8 of 32 x 32 at 3) stayed behind
+** wgmma tile 13, tile 0's choice there: C = 64 fwd 60.5-63.6 against 49.4,
+** down3 C = 64 74.0-77.8 against 62.8 (2026-11-26, one call).
 ** Any other value is 0 (3 names it explicitly: conv.cu resolves tile 0 to the
 ** wgmma kernels, tiles 12, 13 and 15, on sm_90a).  Tried and
 ** dropped (2026-11-23, H100, lidar_198k): BK = 64 chunks and 64 x 64 warp
-** tiles, 0-25% slower than 0 at C = 64-256.  Fewer stages at n <= 32, for
-** more blocks per SM as tile 13 gained from them (conv_wgmma.cu), did not
-** pay (2026-11-25): C = 32 dgrad op 41.0 / 40.9 / 42.3 us at 4 / 2 / 3
-** stages (same process, three rounds), fwd kernel 40.0 us at 2 stages
-** against 37.5 at 4 (another call). */
+** tiles, 0-25% slower than 0 at C = 64-256.  Fewer stages at n <= 32 with 4
+** warps, for more blocks per SM as tile 13 gained from them (conv_wgmma.cu),
+** did not pay before step plans (2026-11-25): C = 32 dgrad op 41.0 / 40.9 /
+** 42.3 us at 4 / 2 / 3 stages (same process, three rounds), fwd kernel 40.0
+** us at 2 stages against 37.5 at 4 (another call). */
 template <typename T, bool TW> static tsp_status dispatch_igemm(const tsp_os_launch &a, int tile) {
   if (tile == 1) {
     if (a.n <= 32) return launch_igemm<T, igemm_cfg<64, 32, 32, 32, 32, 4, TW> >(a);
     if (a.n <= 64) return launch_igemm<T, igemm_cfg<64, 64, 32, 32, 32, 4, TW> >(a);
     return launch_igemm<T, igemm_cfg<64, 128, 32, 32, 64, 4, TW> >(a);
   }
-  if (a.n <= 32) return launch_igemm<T, igemm_cfg<128, 32, 32, 32, 32, 4, TW> >(a);
+  if (a.n <= 32) return launch_igemm<T, igemm_cfg<128, 32, 32, 16, 32, 3, TW> >(a); /* 8 warps, 4 blocks per SM */
   if (a.n <= 64) return launch_igemm<T, igemm_cfg<128, 64, 32, 32, 64, 4, TW> >(a);
   if (tile == 2 && a.n > 128) return launch_igemm<T, igemm_cfg<128, 256, 32, 32, 64, 3, TW> >(a);
   return launch_igemm<T, igemm_cfg<128, 128, 32, 32, 64, 4, TW> >(a);
