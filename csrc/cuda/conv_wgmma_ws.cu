@@ -218,6 +218,13 @@ static __device__ __forceinline__ void ws_pp_step(float (&acc0)[N], float (&acc1
   wg_wait<1>(); /* the previous step's wgmma has read its stage */
 }
 
+/* Ping-pong: the barrier of consumer warpgroup wg's 128 threads, hardware
+** barrier 2 + wg (the id in a register; the tile builds, templated on it,
+** name 2 and 3 as constants). */
+static __device__ __forceinline__ void ws_wg_sync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg) : "memory");
+}
+
 /* The index of the next tile a block takes: word 1 of a tile buffer's count. */
 static __device__ __forceinline__ int32_t *ws_tile_index(const tsp_tile_smem &t) { return t.count + 1; }
 
@@ -404,7 +411,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     for (int j = 0;; ++j) { /* this warpgroup's j-th tile, the block's tile 2 j + wg */
       const int i = 2 * j + wg;
       /* the epilogue's reads of the buffer are done and next_idx[wg] written */
-      if (wg == 0) tsp_tile_sync<2, 128>(); else tsp_tile_sync<3, 128>();
+      ws_wg_sync(wg);
       const int t = next_idx[wg];
       if (j > 0) mb_wait(&tile_free[wg], (j - 1) & 1); /* the producers are done with tile i - 2 */
       if (wt == 0) *ws_tile_index(tile) = t;
@@ -479,11 +486,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       if (staged && tsp_stage_ok(mode, out)) { /* warpgroup-uniform: plain stores, staged (conv_tile.cuh) */
         T *const buf = (T *)(((uintptr_t)tile_base + 2 * tile_bytes + 127) & ~(uintptr_t)127) + wg * 64 * BN;
         tsp_stage_acc<BN>(buf, acc0, wt);
-        if (wg == 0) tsp_tile_sync<2, 128>(); else tsp_tile_sync<3, 128>();
+        ws_wg_sync(wg);
         tsp_stage_rows<BN, 64, 128>(buf, tile.rows, out, n, n0, wt);
-        if (wg == 0) tsp_tile_sync<2, 128>(); else tsp_tile_sync<3, 128>(); /* buf read: rows 64-127 next */
+        ws_wg_sync(wg); /* buf read: rows 64-127 next */
         tsp_stage_acc<BN>(buf, acc1, wt);
-        if (wg == 0) tsp_tile_sync<2, 128>(); else tsp_tile_sync<3, 128>();
+        ws_wg_sync(wg);
         tsp_stage_rows<BN, 64, 128>(buf, tile.rows + 64, out, n, n0, wt);
         continue; /* the loop's first barrier orders these reads of buf before the next tile's writes */
       }
