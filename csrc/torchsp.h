@@ -272,8 +272,10 @@ enum { TSP_ORDER_ROWS = 0, TSP_ORDER_TILE_PLAN = 1, TSP_ORDER_STEPS = 2 };
 **              entries of offset list[j] of the tile rows, -1 where the row is
 **              -1 or the entry negative; the later columns are all -1.
 ** The conv passes take it in place of an unsegmented order
-** (tsp_conv_problem.order_plan = TSP_ORDER_STEPS) and check every word they
-** use (a wrong plan gives wrong sums, never an access out of bounds). */
+** (tsp_conv_problem.order_plan = TSP_ORDER_STEPS) and read the map entries
+** from it, not from the map, so it must be the plan of the map it comes
+** with; they check every word they use (a wrong plan gives wrong sums, never
+** an access out of bounds). */
 enum { TSP_STEPS_ROWS = 128 };
 static inline int64_t tsp_tile_steps_head(int64_t volume) {
   return (2 * volume + 4 + TSP_STEPS_ROWS + 3) & ~(int64_t)3;

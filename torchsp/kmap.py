@@ -107,10 +107,12 @@ def tile_order(nbmap):
     """The row order a pass over `nbmap` [N, V] int32 walks: mask_order's, and on CUDA its step
     plan (tile_steps), or None when V > 63.
 
-    The step plan, int32 [N + ceil(N / 128) * W] (W = 4 * ceil((2 V + 132) / 4) + 128 V words,
-    csrc/torchsp.h), is the order [N], then for each 128-row tile of it the offsets its rows use,
+    The step plan, int32 [R + ceil(N / 128) * W] (R = N rounded up to a multiple of 4, W = 4 *
+    ceil((2 V + 132) / 4) + 128 V words, csrc/torchsp.h), is the order [N] (padded with -1 to R
+    entries), then for each 128-row tile of it the offsets its rows use,
     a mask of the 16-row groups using each, its output rows and, per used offset, the rows' map
-    entries.  The conv ops take it wherever they take an unsegmented order; the CUDA kernels with
+    entries.  The conv ops take it, with this map, wherever they take an unsegmented order (the
+    CUDA kernels read the map entries from the plan, not from nbmap); the CUDA kernels with
     128-row tiles then copy each tile's record instead of reading and sorting V map entries per
     row on every call (H100/H200, lidar_198k: main kernels 10-29% faster at C = 32-64).  It is
     about as large as the tile plan (mask_order's with_map) that CUDA maps carried before, and is
