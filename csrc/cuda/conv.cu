@@ -285,7 +285,6 @@ static tsp_status segment_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_l
   ++*launches;
   sa.order = a->order + g->start;
   sa.plan = g->plan; /* its map rows follow its row entries: tsp_os_plan_map */
-  sa.steps = NULL;    /* a pass's step plan covers all its rows and offsets, no segment */
   sa.tile_rows = g->count;
   sa.offsets = g->offsets;
   sa.mode = mode;
@@ -433,11 +432,17 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   return TSP_OK;
 }
 
-/* The records of a step plan (torchsp.h) whose order has `rows` entries, or
-** NULL when they are not 16-byte aligned (a view at an odd offset): the
-** kernels copy them in 16-byte words, and the order alone gives the same sums. */
-static const int32_t *tsp_steps_of(const int32_t *plan, int64_t rows) {
-  const int32_t *steps = plan + tsp_tile_steps_base(rows);
+/* The one place that decides whether a pass reads a step plan (torchsp.h):
+** the records after the `rows` entries of `order` when it holds one (`form`,
+** tsp_conv_problem.order_plan) and the pass is plain (no segments, no
+** split-K, rows sorted: the plan lists every row and offset of the unsplit
+** tiles), else NULL.  Also NULL when the records are not 16-byte aligned (a
+** view at an odd offset): the kernels copy them in 16-byte words, and the
+** order alone gives the same sums.  Kernels without 128-row tiles ignore it. */
+static const int32_t *pass_steps(const int32_t *order, int32_t form, int64_t rows, int n_segs, tsp_algo algo) {
+  if (order == NULL || form != TSP_ORDER_STEPS || n_segs > 0 || algo.threshold == -1 || split_k(algo) > 1)
+    return NULL;
+  const int32_t *steps = order + tsp_tile_steps_base(rows);
   return ((uintptr_t)steps & 15) == 0 ? steps : NULL;
 }
 
@@ -452,9 +457,7 @@ tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const 
                            prob->n_out, prob->volume, prob->c_in, prob->c_out, y,
                            (cudaStream_t)stream, prob->n_out, ~(uint64_t)0, NULL, TSP_EPI_STORE,
                            NULL, 0, prob->order_plan == TSP_ORDER_TILE_PLAN, 0, 0,
-                           prob->order && prob->order_plan == TSP_ORDER_STEPS && !segmented && prob->algo.threshold != -1
-                               ? tsp_steps_of(prob->order, prob->n_out)
-                               : NULL};
+                           pass_steps(prob->order, prob->order_plan, prob->n_out, prob->n_segs, prob->algo)};
   return output_stationary(prob->dtype, &a, 0, prob->algo, prob->segs, prob->n_segs,
                            workspace, workspace_bytes);
 }
@@ -470,9 +473,8 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
                            prob->n_in, prob->volume, prob->c_out, prob->c_in, dx,
                            (cudaStream_t)stream, prob->n_in, ~(uint64_t)0, NULL, TSP_EPI_STORE,
                            NULL, 0, prob->order_t_plan == TSP_ORDER_TILE_PLAN, 0, 0,
-                           prob->order_t && prob->order_t_plan == TSP_ORDER_STEPS && !segmented && prob->algo.threshold != -1
-                               ? tsp_steps_of(prob->order_t, prob->n_in)
-                               : NULL};
+                           pass_steps(prob->order_t, prob->order_t_plan, prob->n_in, prob->n_segs_t,
+                                      prob->algo)};
   return output_stationary(prob->dtype, &a, 1, prob->algo, prob->segs_t, prob->n_segs_t,
                            workspace, workspace_bytes);
 }

@@ -266,7 +266,7 @@ template <typename T, typename CFG> static tsp_status launch_igemm(const tsp_os_
   igemm_os_kernel<T, CFG><<<(unsigned)(tiles * splits), CFG::THREADS, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, nullptr /* plan_map: conv_tile.cuh */, a.rows, a.tile_rows,
       a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits,
-      CFG::BM == 128 && splits == 1 ? a.steps : nullptr);
+      CFG::BM == 128 ? a.steps : nullptr);
   return tsp_cuda_check_launch("tsp_conv_igemm_os");
 }
 

@@ -189,9 +189,10 @@ typedef struct {
                           launch, so this one may start while it runs (programmatic
                           dependent launch, conv_wgmma_ws.cu) */
   const int32_t *steps; /* the pass's step plan (torchsp.h, conv_tile.cuh: all rows
-                           and offsets) or NULL; read by the fp16/bf16 kernels with
-                           128-row tiles (mma.sync 0 / 2 / 3, wgmma 6, 7, 10, 13-16)
-                           without split-K, ignored by the others */
+                           and offsets), NULL unless the pass is plain (conv.cu,
+                           pass_steps); read by the fp16/bf16 kernels with 128-row
+                           tiles (mma.sync 0 / 2 / 3, wgmma 6, 7, 10, 13-16),
+                           ignored by the others */
 } tsp_os_launch;
 
 /* The warp-specialized wgmma tiles (conv_wgmma_ws.cu: 14, 15 and the

@@ -299,7 +299,7 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
   wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT><<<(unsigned)(tiles * splits), WG_THREADS, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, nullptr /* plan_map: conv_tile.cuh */, a.rows, a.tile_rows,
       a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits,
-      MW == 1 && splits == 1 ? a.steps : nullptr);
+      MW == 1 ? a.steps : nullptr);
   return tsp_cuda_check_launch("tsp_conv_wgmma_os");
 }
 

@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
                     int *__restrict__ next_tile, int tiles, int tbufs, int splits, int staged,
                     const int32_t *__restrict__ plan_steps) {
   enum { BM = WS_BM, BK = WS_BK, PT = 32 * PW, NT = WS_CONSUMERS + PT };
-  const bool from_steps = plan_steps != nullptr; /* a step plan (conv_tile.cuh), splits == 1 */
+  const bool from_steps = plan_steps != nullptr; /* a step plan (conv_tile.cuh; conv.cu: plain passes only) */
   /* tile 15 at BN = 256: registers to the producers (WS_WIDE_*_REGS) */
   enum { WIDE_REGS = !PP && PW == 4 && BN == 256 };
   enum { A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
@@ -720,7 +720,7 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
       cudaLaunchKernelEx(&cfg, wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP>, (const T *)a.src, a.src_rows,
                          (const T *)a.w, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
                          (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter,
-                         (int)tiles, tbufs, splits, staged, splits == 1 ? a.steps : nullptr),
+                         (int)tiles, tbufs, splits, staged, a.steps),
       "tsp_conv_wgmma_ws");
   if (s != TSP_OK) return s;
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");
