@@ -23,7 +23,7 @@ TORCH_LIBRARY(torchsp, m) {
   m.def("kernel_map_transpose(Tensor nbmap, Tensor in_coords) -> Tensor", tags);
   m.def("kernel_map_pairs(Tensor nbmap) -> (Tensor, Tensor)", tags);
   m.def("mask_order(Tensor nbmap, int offsets=-1, bool with_map=False) -> Tensor", tags);
-  m.def("tile_steps(Tensor nbmap, Tensor order) -> Tensor", tags);
+  m.def("tile_steps(Tensor nbmap, Tensor order, bool refine=True) -> Tensor", tags);
   m.def(
       "conv_fwd(Tensor x, Tensor weight, Tensor nbmap, Tensor nbmap_t, int[] fwd_algo, "
       "int[] dgrad_algo, int[] wgrad_algo, Tensor? order=None, Tensor? order_t=None, int[] segs=[], "

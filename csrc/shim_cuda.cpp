@@ -254,15 +254,15 @@ at::Tensor mask_order_cuda(const at::Tensor &nbmap_, int64_t offsets, bool with_
   return plan;
 }
 
-/* The step plan [tsp_tile_steps_len(N, V)] of nbmap and order (torchsp.h). */
-at::Tensor tile_steps_cuda(const at::Tensor &nbmap_, const at::Tensor &order_) {
+/* The step plan [tsp_tile_steps_len(N, V)] of nbmap and order, refined or not (torchsp.h). */
+at::Tensor tile_steps_cuda(const at::Tensor &nbmap_, const at::Tensor &order_, bool refine) {
   const char *op = "torchsp.tile_steps";
   check_steps_args(nbmap_, order_, op);
   c10::cuda::CUDAGuard guard(nbmap_.device());
   at::Tensor nbmap = nbmap_.contiguous(), order = order_.contiguous();
   const int64_t n = nbmap.size(0), v = nbmap.size(1);
   at::Tensor steps = at::empty({tsp_tile_steps_len(n, v)}, nbmap.options());
-  check_status(tsp_tile_steps_cuda(nbmap.data_ptr<int32_t>(), n, v, order.data_ptr<int32_t>(),
+  check_status(tsp_tile_steps_cuda(nbmap.data_ptr<int32_t>(), n, v, order.data_ptr<int32_t>(), refine ? 1 : 0,
                                    steps.data_ptr<int32_t>(), current_stream()),
                op);
   return steps;

@@ -253,14 +253,28 @@ enum { TSP_ORDER_ROWS = 0, TSP_ORDER_TILE_PLAN = 1, TSP_ORDER_STEPS = 2 };
 ** the order itself, so the conv passes take it in place of the order
 ** (tsp_conv_problem.order_plan). */
 
+/* Window refinement of a row order of a map [n_rows, V] (1 <= V <= 64;
+** tsp_tile_refine_cpu, and on CUDA inside tsp_tile_steps_cuda;
+** cpu/tile_refine.c says why and how): each window of TSP_REFINE_WINDOW
+** consecutive entries of the order (from entry 0; the last may be shorter)
+** re-sorted by a decision tree that splits segments of more than
+** TSP_REFINE_LEAF rows on the offset fewest of their rows have, at most
+** TSP_REFINE_DEPTH splits deep, so that the 128-row tiles cut from it use
+** fewer offsets.  out [n_rows] is a permutation
+** of order's entries (an entry outside [0, n_rows) keeps its value and counts
+** as a row without offsets); the same result on both devices. */
+enum { TSP_REFINE_WINDOW = 1024, TSP_REFINE_LEAF = 128, TSP_REFINE_DEPTH = 16, TSP_REFINE_MAX_VOLUME = 64 };
+
 /* Step plan of a map [n_rows, V] (1 <= V <= 64) and one of its row orders
-** (tsp_tile_steps_*): each 128-row tile of the order, listed once so that
-** the CUDA output-stationary kernels copy it instead of reading and sorting
-** their rows' map entries on every call.  steps [R + tiles * W] int32,
-** R = tsp_tile_steps_base(n_rows) (n_rows rounded up to a multiple of 4, so
-** that records start 16-byte aligned), tiles = ceil(n_rows / 128), W =
-** tsp_tile_steps_words(V): the order (steps[i] = order[i], -1 for an entry
-** outside [0, n_rows)), -1 up to R, then tile t's record at R + t * W:
+** (tsp_tile_steps_*): each 128-row tile of the order, refined first when
+** `refine` is nonzero (tsp_tile_refine_cpu), listed once so that the CUDA output-stationary
+** kernels copy it instead of reading and sorting their rows' map entries on
+** every call.  steps [R + tiles * W] int32, R = tsp_tile_steps_base(n_rows)
+** (n_rows rounded up to a multiple of 4, so that records start 16-byte
+** aligned), tiles = ceil(n_rows / 128), W = tsp_tile_steps_words(V): the
+** (refined) order (steps[i] = refined[i] or order[i], -1 for an entry
+** outside [0, n_rows)), -1 up to R, then tile t's record at R + t * W, for rows
+** steps[128 t .. 128 t + 127]:
 **   groups[V]  bit g of groups[k] set when a row of the tile's 16-row group g
 **              (tile rows 16 g .. 16 g + 15) has offset k (map entry >= 0);
 **   list[V]    the offsets k with groups[k] != 0, increasing, then zeros;
@@ -270,7 +284,13 @@ enum { TSP_ORDER_ROWS = 0, TSP_ORDER_TILE_PLAN = 1, TSP_ORDER_STEPS = 2 };
 **   zeros up to H = tsp_tile_steps_head(V) words (a multiple of 4);
 **   cols       V columns of 128 words from H: column j < count holds the map
 **              entries of offset list[j] of the tile rows, -1 where the row is
-**              -1 or the entry negative; the later columns are all -1.
+**              -1 or the entry negative; the later columns are all -1;
+** and after the last record, the schedule sched[tiles] at
+** tsp_tile_steps_sched(n_rows, V), the order in which the ping-pong kernel
+** (tile 16) takes the tiles: with refine, the tile indices by decreasing
+** count, ties by decreasing index (the longest tiles first, so the last wave
+** is of short ones); without, by decreasing index (the order the other
+** kernels walk).
 ** The conv passes take it in place of an unsegmented order
 ** (tsp_conv_problem.order_plan = TSP_ORDER_STEPS) and read the map entries
 ** from it, not from the map, so it must be the plan of the map it comes
@@ -284,8 +304,11 @@ static inline int64_t tsp_tile_steps_words(int64_t volume) {
   return tsp_tile_steps_head(volume) + TSP_STEPS_ROWS * volume;
 }
 static inline int64_t tsp_tile_steps_base(int64_t n_rows) { return (n_rows + 3) & ~(int64_t)3; }
-static inline int64_t tsp_tile_steps_len(int64_t n_rows, int64_t volume) {
+static inline int64_t tsp_tile_steps_sched(int64_t n_rows, int64_t volume) {
   return tsp_tile_steps_base(n_rows) + (n_rows + TSP_STEPS_ROWS - 1) / TSP_STEPS_ROWS * tsp_tile_steps_words(volume);
+}
+static inline int64_t tsp_tile_steps_len(int64_t n_rows, int64_t volume) {
+  return tsp_tile_steps_sched(n_rows, volume) + (n_rows + TSP_STEPS_ROWS - 1) / TSP_STEPS_ROWS;
 }
 
 /* Weight-stationary form of a kernel map [n_rows, V] ("pairs"): for each
@@ -304,8 +327,10 @@ tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume
                               uint64_t offsets, int32_t *order);
 tsp_status tsp_mask_plan_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
                              const int32_t *order, int32_t *plan);
+tsp_status tsp_tile_refine_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
+                               const int32_t *order, int32_t *out);
 tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
-                              const int32_t *order, int32_t *steps);
+                              const int32_t *order, int refine, int32_t *steps);
 
 /* starts [V + 1] of the map's pairs (see above); volume >= 1. */
 tsp_status tsp_kernel_map_pair_counts_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
@@ -384,7 +409,8 @@ tsp_status tsp_mask_order_cuda(const int32_t *map, int64_t n_rows, int64_t volum
 tsp_status tsp_mask_plan_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
                               const int32_t *order, int32_t *plan, tsp_cuda_stream stream);
 tsp_status tsp_tile_steps_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
-                               const int32_t *order, int32_t *steps, tsp_cuda_stream stream);
+                               const int32_t *order, int refine, int32_t *steps,
+                               tsp_cuda_stream stream);
 
 /* The map's pairs on the GPU, same result as the CPU twins.  _pair_counts
 ** fills starts_device [V + 1] and leaves in the workspace the base of every

@@ -19,8 +19,11 @@ plain torch:
   sites.  Differentiable (autograd of the dense op gives reference gradients).
 - ``gather_conv``: y = sum_k x[nbmap[:, k]] @ w[k] from a reference map.
 - ``gather_wgrad``: dw[k] = sum over present q of x[nbmap[q, k]]^T dy[q].
+- ``tile_refine``: the window refinement of a row order (csrc/torchsp.h and
+  csrc/cpu/tile_refine.c's header: a recursive split on the locally rarest
+  offset in each 1024-entry window), written recursively over Python lists.
 - ``tile_steps``: the step plan of a map and row order, from csrc/torchsp.h's
-  layout, with a mask of the words that layout specifies.
+  layout (of the refined order), with a mask of the words that layout specifies.
 """
 
 import torch
@@ -91,19 +94,55 @@ def transpose_map(nbmap, n_in):
     return out
 
 
-def tile_steps(nbmap, order, tile=128):
-    """int64 [R + T * W], csrc/torchsp.h's step plan: the order (entries outside [0, N) as -1),
+def tile_refine(nbmap, order, window=1024, leaf=128, depth=16):
+    """int64 [N]: `order` re-sorted within each `window` consecutive entries by a decision
+    tree: a segment of more than `leaf` entries and fewer than `depth` splits deep is split on
+    the offset fewest of its rows have
+    (among those some but not all have; lowest k on ties), rows without it first unless the
+    segment is flipped; the first part keeps the flip, the second flips; a segment whose rows
+    all agree stays.  Entries outside [0, N) are rows without offsets and keep their value."""
+    nbmap, order = nbmap.long().cpu(), order.long().cpu()
+    n, v = nbmap.shape
+    has = (nbmap >= 0).tolist()
+    entries = order.tolist()
+
+    def offsets_of(r):
+        return has[r] if 0 <= r < n else [False] * v
+
+    def split(seg, flip, d):
+        if len(seg) <= leaf or d >= depth:
+            return seg
+        counts = [sum(offsets_of(r)[k] for r in seg) for k in range(v)]
+        cand = [k for k in range(v) if 0 < counts[k] < len(seg)]
+        if not cand:
+            return seg
+        k = min(cand, key=lambda j: (counts[j], j))
+        without = [r for r in seg if not offsets_of(r)[k]]
+        with_k = [r for r in seg if offsets_of(r)[k]]
+        first, second = (with_k, without) if flip else (without, with_k)
+        return split(first, flip, d + 1) + split(second, not flip, d + 1)
+
+    out = []
+    for w in range(0, n, window):
+        out += split(entries[w:w + window], False, 0)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def tile_steps(nbmap, order, tile=128, refine=True):
+    """int64 [R + T * W], csrc/torchsp.h's step plan: the order, refined (tile_refine) unless
+    refine=False (entries outside [0, N) as -1),
     -1 up to R (N rounded up to a multiple of 4), then per `tile`-row tile of the order its
     record: offset masks of its 16-row groups, the used offsets (then zeros), their count and 3
     zeros, its rows, zeros to a multiple of 4 words, one column of `tile` map entries per used
-    offset (-1 absent), then -1 up to V columns."""
-    nbmap, order = nbmap.long().cpu(), order.long().cpu()
+    offset (-1 absent), then -1 up to V columns; after the records, the schedule: tile indices
+    by decreasing count (refine; else all as one), ties by decreasing index."""
+    nbmap, order = nbmap.long().cpu(), tile_refine(nbmap, order) if refine else order.long().cpu()
     n, v = nbmap.shape
     tiles = (n + tile - 1) // tile
     head = (2 * v + 4 + tile + 3) // 4 * 4
     words = head + tile * v
     base = (n + 3) // 4 * 4  # records start 16-byte aligned
-    plan = torch.zeros(base + tiles * words, dtype=torch.int64)
+    plan = torch.zeros(base + tiles * words + tiles, dtype=torch.int64)
     plan[n:base] = -1
     rows = torch.full((tiles * tile,), -1, dtype=torch.int64)
     rows[:n] = torch.where((order >= 0) & (order < n), order, -1)
@@ -123,6 +162,9 @@ def tile_steps(nbmap, order, tile=128):
         plan[at + head:at + words] = -1
         for j, k in enumerate(used):
             plan[at + head + j * tile:at + head + (j + 1) * tile] = ent[:, k]
+    counts = [int(plan[base + t * words + 2 * v]) if refine else 0 for t in range(tiles)]
+    plan[base + tiles * words:] = torch.tensor(sorted(range(tiles), key=lambda t: (-counts[t], -t)),
+                                               dtype=torch.int64)
     return plan
 
 

@@ -234,11 +234,12 @@ def test_mask_order_offset_subset(v, device):
     torch.library.opcheck(ops.mask_order.default, (nbmap, sub))
 
 
-@pytest.mark.parametrize("n,v", [(700, 27), (128, 8), (1, 27), (300, 64), (0, 27)])
+@pytest.mark.parametrize("n,v", [(700, 27), (2500, 27), (128, 8), (1, 27), (300, 64), (0, 27)])
 def test_tile_steps_matches_reference(n, v, device):
-    """tile_steps against the reference layout (reference.tile_steps, written from torchsp.h):
-    for the mask order, and for a permutation with entries outside [0, N) (no row there); absent
-    map entries -1 or -9 come out -1; N not a multiple of 128, one row, none, V = 64."""
+    """tile_steps against the reference layout (reference.tile_steps, written from torchsp.h, of
+    the order reference.tile_refine refines): for the mask order, and for a permutation with
+    entries outside [0, N) (no row there); absent map entries -1 or -9 come out -1; N not a
+    multiple of 128, one row, none, V = 64, several 1024-row refinement windows (2500)."""
     nbmap = _mask_map(device, n, v, seed=n + v)
     g = torch.Generator().manual_seed(7 + n)
     perm = torch.randperm(n, generator=g).int()
@@ -246,11 +247,51 @@ def test_tile_steps_matches_reference(n, v, device):
         perm[0], perm[1] = -5, n + 3
     orders = [perm.to(device)] + ([ops.mask_order(nbmap)] if v <= 63 else [])
     for order in orders:
-        steps = ops.tile_steps(nbmap, order)
-        want = ref.tile_steps(nbmap, order)
-        assert steps.dtype == torch.int32 and steps.device == nbmap.device
-        assert torch.equal(steps.cpu().long(), want)
+        for refine in (True, False):
+            steps = ops.tile_steps(nbmap, order, refine)
+            want = ref.tile_steps(nbmap, order, refine=refine)
+            assert steps.dtype == torch.int32 and steps.device == nbmap.device
+            assert torch.equal(steps.cpu().long(), want)
     torch.library.opcheck(ops.tile_steps.default, (nbmap, orders[-1]))
+    torch.library.opcheck(ops.tile_steps.default, (nbmap, orders[-1], False))
+
+
+def test_tile_steps_deep_tree(device):
+    """A window whose refinement tree would go deeper than its 16-split limit (every row has one of
+    37 rare offsets, each in ~1/37 of the rows, so each split peels one off): the plan matches the
+    reference, which itself differs from an unlimited tree (so the limit is what is tested)."""
+    n, v = 2100, 40
+    r = torch.arange(n)
+    k = torch.arange(v)
+    present = (k[None, :] == (r * 7 % 37)[:, None]) | (k[None, :] == 38)
+    nbmap = torch.where(present, (r * 13 % n)[:, None], -1).int().to(device)
+    order = ops.mask_order(nbmap)
+    want = ref.tile_steps(nbmap, order)
+    assert not torch.equal(ref.tile_refine(nbmap, order), ref.tile_refine(nbmap, order, depth=100))
+    assert torch.equal(ops.tile_steps(nbmap, order).cpu().long(), want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="step plans are built on CUDA only")
+def test_kernel_map_refines_after_reads(monkeypatch):
+    """A CUDA KernelMap's step plans: on the plain mask order until a direction has been read
+    REFINE_AFTER times, then on the refined order (tile_steps(refine=True)); each direction
+    counts its own reads, and REFINE_AFTER = None never refines."""
+    from torchsp import kmap as K
+    nbmap = _mask_map("cuda", 1500, 27, seed=9)
+    nbmap_t = _mask_map("cuda", 1300, 27, seed=10)
+    monkeypatch.setattr(K, "REFINE_AFTER", 3)
+    km = K.KernelMap(nbmap, nbmap_t, sort_rows=True)
+    plain = ops.tile_steps(nbmap, ops.mask_order(nbmap), False)
+    fine = ops.tile_steps(nbmap, ops.mask_order(nbmap), True)
+    assert not torch.equal(plain, fine)  # the refinement moves rows of this map
+    assert torch.equal(km.order, plain) and torch.equal(km.order, plain)
+    assert torch.equal(km.order_t, ops.tile_steps(nbmap_t, ops.mask_order(nbmap_t), False))
+    assert torch.equal(km.order, fine) and torch.equal(km.order, fine)  # the third read, and after
+    assert torch.equal(km.swapped().order_t, fine)
+    monkeypatch.setattr(K, "REFINE_AFTER", None)
+    km = K.KernelMap(nbmap, nbmap_t, sort_rows=True)
+    for _ in range(10):
+        assert torch.equal(km.order, plain)
 
 
 def test_tile_steps_rejects_bad_arguments(device):

@@ -135,8 +135,9 @@ def test_ws_tiles_many(tile):
 
 @pytest.mark.parametrize("tile", [3, 13, 15, 16])
 def test_step_plans(tile):
-    """Step plans (torchsp.kmap.tile_order: the order a CUDA map carries) under the sanitizers:
-    the same sums, bitwise, as the bare mask order [N] (the tiles walk the same rows and offsets),
+    """Step plans (torchsp.kmap.tile_order: the order a CUDA map carries; refined_plan: a reused
+    map's) under the sanitizers: the same sums, bitwise, as the bare mask order [N] (the tiles
+    walk the same rows and offsets, in another grouping),
     and a plan whose records are overwritten with wild words (offset lists, counts, rows and map
     entries out of range) runs without an access out of bounds."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=21)
@@ -151,6 +152,11 @@ def test_step_plans(tile):
     bare, bare_t = km.order[:n].clone(), km.order_t[:n_t].clone()
     assert torch.equal(y, torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, bare, bare_t))
     assert torch.equal(dx, torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, bare_t))
+    # the plans on the refined row order (a reused map's, torchsp.kmap.REFINE_AFTER): same sums
+    fine, fine_t = (torchsp.kmap.refined_plan(km.nbmap, km.order), torchsp.kmap.refined_plan(km.nbmap_t, km.order_t))
+    assert not torch.equal(fine, km.order)
+    assert torch.equal(y, torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, fine, fine_t))
+    assert torch.equal(dx, torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, fine_t))
     ref_dx = torch.ops.torchsp.conv_dgrad(g16.double().cpu(), w16.double().cpu(), km.nbmap_t.cpu(), [0, 0, 0, 0])
     _assert_close(y, dx, ref_y, ref_dx)
     g = torch.Generator().manual_seed(tile)

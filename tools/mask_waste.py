@@ -4,11 +4,14 @@
 Why: an output-stationary tile of M consecutive rows (in mask order) multiplies every row by
 every offset that any of its rows has, so it computes M * |union of the tile's offsets| row
 products where the rows own only their pairs.  On lidar_198k that ratio is ~1.8 at 64-row
-tiles (0.1 m and 0.05 m), and no tile size or row order has taken it much lower: it is the
-main gap between the H100 kernels' ~50-80% of peak on computed MACs and the floor.
+tiles (0.1 m and 0.05 m), and no tile size or global sort key has taken it much lower (the
+windowed refinement of the step plans, below, is the first to); it is the main gap between the
+H100 kernels' ~50-80% of peak on computed MACs and the floor.
 
-This tool measures the ratio for torchsp's own row order (torchsp.kmap.mask_order, the order
-the CUDA kernels walk) and for a *density split*: the offsets present in at least a fraction d
+This tool measures the ratio for the mask order (torchsp.kmap.mask_order), for the order a
+CUDA map's step plan walks (the mask order refined within 1024-row windows: torch.ops.torchsp
+.tile_steps, whose CPU twin gives the same plan; since session 30 it takes lidar_198k from 1.89
+to 1.73 at 0.05 m and 1.94 to 1.78 at 0.1 m, 128-row tiles), and for a *density split*: the offsets present in at least a fraction d
 of the rows form one segment over all rows, the rarer ones a second segment over only the rows
 that have any of them, each segment mask-sorted by its own offsets.  The second segment's sums
 are added to the first's output: its rows' fp16 read-add-write (bytes printed) is the price.
@@ -98,6 +101,11 @@ def main():
         print(f"\n## {os.path.basename(path)} at {vs:g} m: {n} rows, {pairs} pairs ({pairs / max(n, 1):.2f}/row), "
               f"{args.tile}-row tiles")
         print(f"one segment, torchsp's mask order: computed {one / pairs:.3f} x pairs (useful share {pairs / one:.3f})")
+        if v <= 64:
+            steps = torch.ops.torchsp.tile_steps(nbmap, mask_order(nbmap))[:n].long().numpy()
+            fine = tile_products(mask, steps[steps >= 0], np.ones(v, bool), args.tile)
+            print(f"one segment, the step plan's refined order: computed {fine / pairs:.3f} x pairs "
+                  f"(useful share {pairs / fine:.3f})")
         density = mask.mean(0)
         print("offset densities (fraction of rows): " + " ".join(f"{d:.3f}" for d in np.sort(density)[::-1]))
         print(f"{'density':>8s} {'dense':>6s} {'computed':>9s} {'dense seg':>10s} {'sparse seg':>11s} "

@@ -47,10 +47,11 @@ def _mask_order(nbmap, offsets=-1, with_map=False):
 
 
 @torch.library.register_fake("torchsp::tile_steps")
-def _tile_steps(nbmap, order):
+def _tile_steps(nbmap, order, refine=True):
     n, v = nbmap.shape[0], nbmap.shape[1]
     head = (2 * v + 4 + STEPS_ROWS + 3) // 4 * 4  # csrc/torchsp.h, tsp_tile_steps_len
-    return nbmap.new_empty(((n + 3) // 4 * 4 + (n + STEPS_ROWS - 1) // STEPS_ROWS * (head + STEPS_ROWS * v),))
+    tiles = (n + STEPS_ROWS - 1) // STEPS_ROWS  # records, then the schedule (one word a tile)
+    return nbmap.new_empty(((n + 3) // 4 * 4 + tiles * (head + STEPS_ROWS * v) + tiles,))
 
 
 @torch.library.register_fake("torchsp::conv_fwd")

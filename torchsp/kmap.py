@@ -25,6 +25,17 @@ DEFAULT_METHOD = int(_env_method) if _env_method else None
 _MASK_BITS = 63
 _UNSORTED = object()  # KernelMap: a row order not built yet
 
+# Passes of one direction a CUDA KernelMap serves before its step plan is rebuilt on the refined
+# row order (tile_steps(refine=True)); None: never.  Why not at once: on an H100 the refinement
+# costs ~45-70 us of GPU per plan at 125-300k rows (lidar_198k) and saves 1-20 us of kernel time
+# per pass (README, session 30), so a map that lives for one training step is better served by
+# the plain mask order: MinkUNet, batch 4, maps rebuilt per call, GPU time per step 58.0 ->
+# 58.8 ms with every plan refined, and 58.1 -> 58.8-59.0 with plans refined after 8 passes (its
+# busiest maps serve that many in one step).  A map reused across calls (a cached map, the
+# fixed voxels of a generative decoder's denoising steps, benchmarks) pays for it soon after.
+# Same sums either way, bitwise (each row adds the same products in the same order).
+REFINE_AFTER = 32
+
 
 class KernelMap:
     """A kernel map in the two layouts the convolution passes read.
@@ -48,23 +59,37 @@ class KernelMap:
         self.nbmap_t = nbmap_t
         self._order = _UNSORTED if sort_rows else order
         self._order_t = _UNSORTED if sort_rows else order_t
+        self._reads = [0, 0]  # reads of order / order_t: REFINE_AFTER
         self.plans = {}  # torchsp.plan: pair lists and segmented plans, built on first use
 
     @property
     def order(self):
         if self._order is _UNSORTED:
             self._order = tile_order(self.nbmap)
+        self._order = self._counted(0, self._order, self.nbmap)
         return self._order
 
     @property
     def order_t(self):
         if self._order_t is _UNSORTED:
             self._order_t = tile_order(self.nbmap_t)
+        self._order_t = self._counted(1, self._order_t, self.nbmap_t)
         return self._order_t
+
+    def _counted(self, i, plan, nbmap):
+        """Count a read of order (i = 0) or order_t (1); on the REFINE_AFTER-th, a step plan is
+        rebuilt on its refined row order (refined_plan).  Traced reads are not counted."""
+        if tracing():
+            return plan
+        self._reads[i] += 1
+        if self._reads[i] == REFINE_AFTER:
+            return refined_plan(nbmap, plan)
+        return plan
 
     def swapped(self):
         out = KernelMap(self.nbmap_t, self.nbmap)
         out._order, out._order_t = self._order_t, self._order
+        out._reads = self._reads[::-1]
         return out
 
 
@@ -107,22 +132,46 @@ def tile_order(nbmap):
     """The row order a pass over `nbmap` [N, V] int32 walks: mask_order's, and on CUDA its step
     plan (tile_steps), or None when V > 63.
 
-    The step plan, int32 [R + ceil(N / 128) * W] (R = N rounded up to a multiple of 4, W = 4 *
-    ceil((2 V + 132) / 4) + 128 V words, csrc/torchsp.h), is the order [N] (padded with -1 to R
-    entries), then for each 128-row tile of it the offsets its rows use,
-    a mask of the 16-row groups using each, its output rows and, per used offset, the rows' map
-    entries.  The conv ops take it, with this map, wherever they take an unsegmented order (the
-    CUDA kernels read the map entries from the plan, not from nbmap); the CUDA kernels with
-    128-row tiles then copy each tile's record instead of reading and sorting V map entries per
-    row on every call (H100/H200, lidar_198k: main kernels 10-29% faster at C = 32-64).  It is
-    about as large as the tile plan (mask_order's with_map) that CUDA maps carried before, and is
-    built once per map and pass (~8-20 us on an H100 at 126-304k rows).
-    torch.ops.torchsp.tile_steps: C (CPU) or one block per tile (CUDA).
+    The step plan, int32 [R + T * W + T] (T = ceil(N / 128) tiles, R = N rounded up to a
+    multiple of 4, W = 4 * ceil((2 V + 132) / 4) + 128 V words, csrc/torchsp.h), is the mask
+    order [N] (refined within windows of 1024 rows when REFINE_AFTER is 0; KernelMap refines
+    it after REFINE_AFTER passes, refined_plan) padded with -1 to R entries, then for each
+    128-row tile of it the offsets its rows use, a mask of the 16-row groups using each, its
+    output rows and, per used offset, the rows' map entries, then the tiles by decreasing offset
+    count (the order the ping-pong kernel takes them in).  The refinement re-sorts each window
+    by a decision tree on the offsets rarest among its own rows (csrc/cpu/tile_refine.c), so
+    tiles use fewer offsets: on lidar_198k the products computed per useful one fall from 1.89
+    to 1.73 (subm 3x3x3 at 0.05 m), 1.94 to 1.78 (0.1 m) and 2.66 to 2.05 (stride-2 K = 3).
+    The conv ops take it, with this map, wherever they take an unsegmented order (the CUDA
+    kernels read the map entries from the plan, not from nbmap); the CUDA kernels with 128-row
+    tiles then copy each tile's record instead of reading and sorting V map entries per row on
+    every call (H100/H200, lidar_198k: main kernels 10-29% faster at C = 32-64).  It is about as
+    large as the tile plan (mask_order's with_map) that CUDA maps carried before, and is built
+    once per map and pass.
+    torch.ops.torchsp.tile_steps: C (CPU) or a warp per refinement window, a block per tile and
+    one block for the schedule (CUDA).
     """
     order = mask_order(nbmap)
     if order is None or not nbmap.is_cuda:
         return order
-    return torch.ops.torchsp.tile_steps(nbmap, order)
+    return torch.ops.torchsp.tile_steps(nbmap, order, REFINE_AFTER == 0)
+
+
+def refined_plan(nbmap, plan):
+    """The step plan of `nbmap` [N, V] on the refined row order, from `plan`: a step plan of it
+    (its first N entries are its row order), rebuilt by tile_steps(refine=True); any other
+    order (None, a bare order [N], a tile plan) is returned as it is.  KernelMap calls this once
+    a plan has served REFINE_AFTER passes."""
+    n = nbmap.shape[0]
+    if plan is None or not nbmap.is_cuda or nbmap.shape[1] > 64 or plan.numel() != _steps_len(n, nbmap.shape[1]):
+        return plan
+    return torch.ops.torchsp.tile_steps(nbmap, plan[:n], True)
+
+
+def _steps_len(n, v):
+    """Length of a step plan of an [n, v] map (csrc/torchsp.h, tsp_tile_steps_len)."""
+    tiles = (n + 127) // 128
+    return (n + 3) // 4 * 4 + tiles * ((2 * v + 4 + 128 + 3) // 4 * 4 + 128 * v) + tiles
 
 
 def map_pairs(nbmap):

@@ -3,19 +3,28 @@
 ** tsp_tile_steps_cpu), the CPU twin of cuda/tile_steps.cu.  The CPU conv
 ** kernels take no plan; this exists so the op behaves the same on both
 ** devices and the CUDA plan has a reference written independently of the
-** CUDA kernels' first phase (conv_tile.cuh).
+** CUDA kernels' first phase (conv_tile.cuh).  With `refine` the order is
+** refined first (tile_refine.c) and the plan lists the refined one.
 */
 #include <string.h>
 
 #include "cpu_common.h"
 
 tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
-                              const int32_t *order, int32_t *steps) {
+                              const int32_t *order, int refine, int32_t *steps) {
   if (n_rows == 0 && volume >= 1 && volume <= 64) return TSP_OK;
   if (!map || !order || !steps || n_rows < 0 || volume < 1 || volume > 64 || n_rows > 0x7fffffffLL)
     return TSP_ERR_ARGUMENT;
   const int64_t tiles = (n_rows + TSP_STEPS_ROWS - 1) / TSP_STEPS_ROWS;
   const int64_t head = tsp_tile_steps_head(volume), words = tsp_tile_steps_words(volume);
+  /* the (refined) order, then its entries checked in place (rows below read them) */
+  if (refine) {
+    tsp_status s = tsp_tile_refine_cpu(map, n_rows, volume, order, steps);
+    if (s != TSP_OK) return s;
+  } else {
+    memcpy(steps, order, (size_t)n_rows * sizeof(int32_t));
+  }
+  for (int64_t i = 0; i < n_rows; ++i) steps[i] = steps[i] >= 0 && steps[i] < n_rows ? steps[i] : -1;
   for (int64_t i = n_rows; i < tsp_tile_steps_base(n_rows); ++i) steps[i] = -1;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < tiles; ++t) {
@@ -24,9 +33,7 @@ tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume
     memset(rec, 0, (size_t)head * sizeof(int32_t));
     for (int i = 0; i < TSP_STEPS_ROWS; ++i) {
       const int64_t q = t * TSP_STEPS_ROWS + i;
-      const int32_t r = q < n_rows ? order[q] : -1;
-      rows[i] = r >= 0 && r < n_rows ? r : -1;
-      if (q < n_rows) steps[q] = rows[i];
+      rows[i] = q < n_rows ? steps[q] : -1;
       for (int64_t k = 0; k < volume && rows[i] >= 0; ++k)
         if (map[(int64_t)rows[i] * volume + k] >= 0) groups[k] |= (int32_t)(1u << (i / 16));
     }
@@ -40,5 +47,21 @@ tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume
         cols[j * TSP_STEPS_ROWS + i] = e >= 0 ? e : -1;
       }
   }
+  /* the schedule: without refine by decreasing index, else by decreasing count, ties by
+  ** decreasing index (a counting sort) */
+  int64_t start[65] = {0}; /* start[c]: where the tiles of count c begin */
+  int32_t *sched = steps + tsp_tile_steps_sched(n_rows, volume);
+  if (!refine) {
+    for (int64_t t = 0; t < tiles; ++t) sched[tiles - 1 - t] = (int32_t)t;
+    return TSP_OK;
+  }
+  const int32_t *counts = steps + tsp_tile_steps_base(n_rows) + 2 * volume;
+  for (int64_t t = 0; t < tiles; ++t) ++start[counts[t * words]];
+  for (int64_t c = volume, at = 0; c >= 0; --c) {
+    const int64_t here = start[c];
+    start[c] = at;
+    at += here;
+  }
+  for (int64_t t = tiles - 1; t >= 0; --t) sched[start[counts[t * words]]++] = (int32_t)t;
   return TSP_OK;
 }

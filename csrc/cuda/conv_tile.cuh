@@ -84,6 +84,27 @@ static __device__ __forceinline__ void tsp_tile_origin_of(int64_t tile, int64_t 
   *row0 = (tiles_m - 1 - b) * bm;
 }
 
+/* As tsp_tile_origin_of, for a kernel that takes a step plan's row tiles in
+** its schedule (torchsp.h): row tile b of the walk is record sched[b], or
+** tiles_m - 1 - b when that entry is out of range.  The entry is read first
+** (tsp_steps_sched_entry, steps: the first record; -1 past the last tile), so
+** that a kernel can ask for it ahead of the tile. */
+static __device__ __forceinline__ int32_t tsp_steps_sched_entry(const int32_t *__restrict__ steps, int64_t tile,
+                                                                int64_t tiles, int n, int bm, int bn, int volume) {
+  const int tiles_n = (n + bn - 1) / bn;
+  const int64_t tiles_m = tiles / tiles_n;
+  return tile >= 0 && tile < tiles ? steps[tiles_m * tsp_steps_words(bm, volume) + tile / tiles_n] : -1;
+}
+
+static __device__ __forceinline__ void tsp_tile_origin_sched(int32_t entry, int64_t tile, int64_t tiles, int n,
+                                                             int bm, int bn, int64_t *row0, int *n0) {
+  const int tiles_n = (n + bn - 1) / bn;
+  const int64_t tiles_m = tiles / tiles_n;
+  const int64_t b = tile / tiles_n;
+  *n0 = (int)(tile - b * tiles_n) * bn;
+  *row0 = (entry >= 0 && entry < tiles_m ? (int64_t)entry : tiles_m - 1 - b) * bm;
+}
+
 static __device__ __forceinline__ void tsp_tile_origin(int n, int bm, int bn, int64_t *row0,
                                                        int *n0) {
   tsp_tile_origin_of(blockIdx.x, gridDim.x, n, bm, bn, row0, n0);

@@ -41,7 +41,14 @@
 **
 ** Tile 16 (ping-pong, n <= 128) keeps the producers and stages but gives each
 ** consumer warpgroup whole tiles, every other one of the block, which it
-** builds itself; see the PP branch of the kernel.
+** builds itself; see the PP branch of the kernel.  With a step plan it takes
+** the row tiles in the plan's schedule, the most offsets first (torchsp.h):
+** lidar_198k, H100, main kernel, stride-2 K = 3 C = 128 fwd 77.5 -> 66.5 us,
+** subm C = 128 98.6 -> 94.0 (with the refined order, session 30).  The
+** schedule made tile 15 (C = 256) and the all-warps kernels (C <= 64) 1-5%
+** slower there, so they keep walking the tiles from the last to the first.
+** Its cost: the one-offset up2 C = 128 fwd 30.4 -> 31.5-32.1 us, whose plans'
+** schedule is the plain order (the lookup and the larger tile head).
 */
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TSP_WGMMA_DEVICE 1
@@ -169,7 +176,7 @@ static int ws_bn(int64_t n) { return n <= 64 ? 64 : n <= 128 ? 128 : 256; }
 /* Stages, their barriers, the tile barriers and `tbufs` tile buffers (conv_tile.cuh). */
 static size_t ws_smem_bytes(int bn, int stages, int volume, int tbufs) {
   return 1024 /* stage alignment */ + (size_t)stages * (WS_BM + bn) * WS_BK * 2 +
-         (size_t)stages * 16 /* full, empty */ + 64 /* tile_full, tile_free, mma_done, g_next */ +
+         (size_t)stages * 16 /* full, empty */ + 80 /* tile_full, tile_free, mma_done, g_next .. next_rec */ +
          (size_t)tbufs * tsp_tile_smem_bytes(WS_BM, volume);
 }
 
@@ -267,10 +274,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   uint64_t *tile_full = empty + STAGES, *tile_free = tile_full + 2, *mma_done = tile_free + 2;
   /* PP: g_next[i % 2], tile i's first step (a warpgroup writes tile i + 1's
   ** while warps of its own may still read tile i's: two slots); next_idx[wg],
-  ** each warpgroup's next tile index */
-  int32_t *g_next = (int32_t *)(mma_done + 2), *next_idx = g_next + 2;
+  ** each warpgroup's next tile index, and next_rec[wg] its step plan's
+  ** schedule entry (tsp_steps_sched_entry) */
+  int32_t *g_next = (int32_t *)(mma_done + 2), *next_idx = g_next + 2, *next_rec = g_next + 4;
   const size_t tile_bytes = tsp_tile_smem_bytes(BM, volume);
-  unsigned char *tile_base = (unsigned char *)(mma_done + 2) + 16;
+  unsigned char *tile_base = (unsigned char *)(mma_done + 2) + 32;
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -407,12 +415,22 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     ** (tile_free), even when a tile has no step to wait on. */
     const int wt = tid & 127; /* thread in the warpgroup */
     const tsp_tile_smem tile = tsp_tile_smem_at(tile_base + wg * tile_bytes, BM, volume);
-    if (wt == 0) next_idx[wg] = (int)blockIdx.x + wg * (int)gridDim.x;
+    /* With a step plan the warpgroup takes the row tiles in its schedule, the
+    ** longest first (torchsp.h; plans come without split-K).  Tile i + 2's
+    ** entry is asked for when its index is (hand_over) and stored here only
+    ** once this tile's epilogue is done, so its latency hides behind it. */
+    int32_t sched_ahead = -1;
+    if (wt == 0) {
+      next_idx[wg] = (int)blockIdx.x + wg * (int)gridDim.x;
+      next_rec[wg] = from_steps ? tsp_steps_sched_entry(plan_steps, next_idx[wg], tiles, n, BM, BN, volume) : -1;
+    }
     for (int j = 0;; ++j) { /* this warpgroup's j-th tile, the block's tile 2 j + wg */
       const int i = 2 * j + wg;
+      if (wt == 0 && j > 0) next_rec[wg] = sched_ahead;
       /* the epilogue's reads of the buffer are done and next_idx[wg] written */
       ws_wg_sync(wg);
       const int t = next_idx[wg];
+      const int32_t rec = next_rec[wg]; /* read before the tile build's barrier, as t */
       if (j > 0) mb_wait(&tile_free[wg], (j - 1) & 1); /* the producers are done with tile i - 2 */
       if (wt == 0) *ws_tile_index(tile) = t;
       if (t >= tiles) { /* the producers stop on this index; so does this warpgroup */
@@ -421,7 +439,10 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       }
       int64_t row0;
       int n0;
-      tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
+      if (from_steps)
+        tsp_tile_origin_sched(rec, t, tiles, n, BM, BN, &row0, &n0);
+      else
+        tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
       if (from_steps && wg == 0)
         tsp_tile_from_steps_by<BM, 128, 2>(plan_steps, row0, volume, rows, src_rows, tile, wt);
       else if (from_steps)
@@ -441,8 +462,10 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       const auto hand_over = [&](int g_end) {
         if (wt == 0) {
           if (j == 0) ws_wait_image(); /* the image kernel zeroed the counter */
-          next_idx[wg] = 2 * (int)gridDim.x + atomicAdd(next_tile, 1);
+          const int nt = 2 * (int)gridDim.x + atomicAdd(next_tile, 1);
+          next_idx[wg] = nt;
           g_next[(i + 1) & 1] = g_end;
+          if (from_steps) sched_ahead = tsp_steps_sched_entry(plan_steps, nt, tiles, n, BM, BN, volume);
         }
         /* every thread: each arrival releases its own read of g_next[i % 2], which
         ** the other warpgroup writes next (tile i + 2's first step) */
