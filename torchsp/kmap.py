@@ -46,7 +46,8 @@ class KernelMap:
         order, order_t: int32 [N_out] / [N_in] row permutations sorted by neighbour mask
             (see mask_order), or None; CUDA tensor-core tiles walk rows in this order.
             Built here for a CUDA map, each is the step plan (tile_order: the permutation,
-            then each 128-row tile's offsets and map entries).
+            then each 128-row tile's offsets and map entries), rebuilt on the refined row order
+            once its direction has been read REFINE_AFTER times (refined_plan).
             With sort_rows=True each is built on first read: order_t serves dgrad only, and
             a forward without gradients never reads it (sorting costs ~70 us of host time and
             ~40 us of GPU per map on the H100, 28 sorts in a MinkUNet forward).
