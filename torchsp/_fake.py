@@ -8,7 +8,7 @@ inputs.
 
 import torch
 
-STEPS_ROWS = 128  # rows of a step plan's tile (csrc/torchsp.h, TSP_STEPS_ROWS)
+from .kmap import step_plan_len
 
 
 def _volume(kernel):
@@ -48,10 +48,7 @@ def _mask_order(nbmap, offsets=-1, with_map=False):
 
 @torch.library.register_fake("torchsp::tile_steps")
 def _tile_steps(nbmap, order, refine=True):
-    n, v = nbmap.shape[0], nbmap.shape[1]
-    head = (2 * v + 4 + STEPS_ROWS + 3) // 4 * 4  # csrc/torchsp.h, tsp_tile_steps_len
-    tiles = (n + STEPS_ROWS - 1) // STEPS_ROWS  # records, then the schedule (one word a tile)
-    return nbmap.new_empty(((n + 3) // 4 * 4 + tiles * (head + STEPS_ROWS * v) + tiles,))
+    return nbmap.new_empty((step_plan_len(nbmap.shape[0], nbmap.shape[1]),))
 
 
 @torch.library.register_fake("torchsp::conv_fwd")

@@ -79,13 +79,12 @@ class KernelMap:
 
     def _counted(self, i, plan, nbmap):
         """Count a read of order (i = 0) or order_t (1); on the REFINE_AFTER-th, a step plan is
-        rebuilt on its refined row order (refined_plan).  Traced reads are not counted."""
-        if tracing():
+        rebuilt on its refined row order (refined_plan).  Traced reads are not counted, nor
+        reads past the REFINE_AFTER-th (every conv call reads: they return at the first test)."""
+        if REFINE_AFTER is None or self._reads[i] >= REFINE_AFTER or tracing():
             return plan
         self._reads[i] += 1
-        if self._reads[i] == REFINE_AFTER:
-            return refined_plan(nbmap, plan)
-        return plan
+        return refined_plan(nbmap, plan) if self._reads[i] == REFINE_AFTER else plan
 
     def swapped(self):
         out = KernelMap(self.nbmap_t, self.nbmap)
@@ -142,15 +141,16 @@ def tile_order(nbmap):
     count (the order the ping-pong kernel takes them in).  The refinement re-sorts each window
     by a decision tree on the offsets rarest among its own rows (csrc/cpu/tile_refine.c), so
     tiles use fewer offsets: on lidar_198k the products computed per useful one fall from 1.89
-    to 1.73 (subm 3x3x3 at 0.05 m), 1.94 to 1.78 (0.1 m) and 2.66 to 2.05 (stride-2 K = 3).
+    to 1.73 (subm 3x3x3 at 0.05 m), 1.94 to 1.78 (0.1 m) and 2.66 to 2.07 (stride-2 K = 3).
     The conv ops take it, with this map, wherever they take an unsegmented order (the CUDA
     kernels read the map entries from the plan, not from nbmap); the CUDA kernels with 128-row
     tiles then copy each tile's record instead of reading and sorting V map entries per row on
     every call (H100/H200, lidar_198k: main kernels 10-29% faster at C = 32-64).  It is about as
     large as the tile plan (mask_order's with_map) that CUDA maps carried before, and is built
     once per map and pass.
-    torch.ops.torchsp.tile_steps: C (CPU) or a warp per refinement window, a block per tile and
-    one block for the schedule (CUDA).
+    torch.ops.torchsp.tile_steps: C (CPU) or, on CUDA, a block per tile (refine=False: one
+    launch); refine=True adds a block per refinement window before and one block for the
+    schedule after.
     """
     order = mask_order(nbmap)
     if order is None or not nbmap.is_cuda:
@@ -164,15 +164,21 @@ def refined_plan(nbmap, plan):
     order (None, a bare order [N], a tile plan) is returned as it is.  KernelMap calls this once
     a plan has served REFINE_AFTER passes."""
     n = nbmap.shape[0]
-    if plan is None or not nbmap.is_cuda or nbmap.shape[1] > 64 or plan.numel() != _steps_len(n, nbmap.shape[1]):
+    if plan is None or not nbmap.is_cuda or plan.numel() != step_plan_len(n, nbmap.shape[1]):
         return plan
     return torch.ops.torchsp.tile_steps(nbmap, plan[:n], True)
 
 
-def _steps_len(n, v):
-    """Length of a step plan of an [n, v] map (csrc/torchsp.h, tsp_tile_steps_len)."""
-    tiles = (n + 127) // 128
-    return (n + 3) // 4 * 4 + tiles * ((2 * v + 4 + 128 + 3) // 4 * 4 + 128 * v) + tiles
+STEPS_ROWS = 128  # rows of a step plan's tile (csrc/torchsp.h, TSP_STEPS_ROWS)
+
+
+def step_plan_len(n, v):
+    """Length of the step plan of an [n, v] map (csrc/torchsp.h, tsp_tile_steps_len): the order
+    padded to a multiple of 4, a record per 128-row tile, a schedule word per tile.  Plain
+    integer arithmetic, so fake kernels may pass symbolic sizes."""
+    tiles = (n + STEPS_ROWS - 1) // STEPS_ROWS
+    head = (2 * v + 4 + STEPS_ROWS + 3) // 4 * 4
+    return (n + 3) // 4 * 4 + tiles * (head + STEPS_ROWS * v) + tiles
 
 
 def map_pairs(nbmap):
