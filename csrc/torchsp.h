@@ -121,9 +121,11 @@ enum { TSP_SPLIT_K_MAX = 16 };
 ** tile on CUDA, fp16/bf16: 0 is the kernel's default (on sm_90a builds on
 ** sm_90 devices when both channel counts are >= 64: the swizzled wgmma tile
 ** 13 for 64 produced channels, the ping-pong tile 16 for 65-128 where it fits, the
-** warp-specialized 15 above; else mma.sync: cuda/conv.cu resolve_tile); 1-2
-** mma.sync shapes, 3 the mma.sync default shape; 6-10, 12-16 wgmma (sm_90a
-** builds; 12-16 with 128-byte swizzled operands, 14-16 warp-specialized:
+** warp-specialized 15 above; on passes with few 128-row tiles for the GPU's
+** SMs, tile 16 in 128-column tiles above 128 too, or 17 (the ping-pong tile in
+** 64-column tiles) on the fewest; else mma.sync: cuda/conv.cu resolve_tile); 1-2
+** mma.sync shapes, 3 the mma.sync default shape; 6-10, 12-17 wgmma (sm_90a
+** builds; 12-17 with 128-byte swizzled operands, 14-17 warp-specialized:
 ** producer warps copy, consumer warpgroups multiply); any other value reads
 ** as 3.  wgrad's tile on
 ** fp16/bf16: 0 the default (the wgmma wgrad of cuda/conv_wgmma_wgrad.cu over

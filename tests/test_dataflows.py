@@ -114,8 +114,9 @@ def test_plan_covers_every_pair_once(name, kernel):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_split_k_few_tiles(dtype):
     """Split-K on a pass with fewer tiles than runs x SMs: 300 output rows of a real crop (three
-    128-row tiles), every S from 2 to 16 and tiles 0 (wgmma or mma.sync), 3 (mma.sync), 13 and 15
-    (swizzled / warp-specialized wgmma; mma.sync without sm_90a); float32 with tf32 tiles
+    128-row tiles), every S from 2 to 16 and tiles 0 (wgmma or mma.sync), 3 (mma.sync), 13, 15, 16
+    and 17 (swizzled / warp-specialized / ping-pong wgmma, the last two in 128- and 64-column
+    tiles; mma.sync without sm_90a); float32 with tf32 tiles
     (tile 11).  Forward and dgrad against the fp64 gather reference, with NaN-poisoned
     workspace (a run that leaves a slab row unwritten fails), and bitwise equal run to run."""
     c = lidar_crop()[:300].cuda()
@@ -126,7 +127,7 @@ def test_split_k_few_tiles(dtype):
     dy = randn(c.shape[0], 136, dtype=dtype, device="cuda", seed=3)
     want_y = ref.gather_conv(x.feats, km.nbmap, w)
     want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
-    tiles = (0, 3, 13, 15) if dtype == torch.float16 else (11,)
+    tiles = (0, 3, 13, 15, 16, 17) if dtype == torch.float16 else (11,)
     tol = 5e-3  # fp16 and tf32 operands, fp32 sums
     for tile in tiles:
         for s in (2, 3, 5, 8, 16):
@@ -243,22 +244,23 @@ def test_staged_epilogue_real_scan(k, c):
     16-byte chunks (csrc/cuda/conv_tile.cuh tsp_stage_*: rows of 4, 8 and 16 chunks at C = 32, 64
     and 128, each with its own swizzle); a 4x4x4 kernel (64 offsets) at C = 128 leaves the ping-pong
     tile 16 no room for its staging buffers, so it stores directly.  Forward and dgrad of tiles 0,
-    3 (mma.sync), 13 (all-warps wgmma) and 16 (ping-pong) on a real crop against the fp64 gather
+    3 (mma.sync), 13 (all-warps wgmma), 16 and 17 (ping-pong, 17 in 64-column tiles) on a real crop against the fp64 gather
     reference, into NaN-poisoned memory, and bitwise equal run to run."""
     geom = torchsp.kmap.ConvGeometry(k)
     x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, c, c, torch.float16)
-    for tile in (0, 3, 13, 16):
+    for tile in (0, 3, 13, 16, 17):
         _check_pass(x, w, dy, km, geom, [0, tile, 0, 0], want_y, want_dx, tile)
 
 
 @needs_cuda
 @pytest.mark.parametrize("cin,cout", [(64, 64), (72, 136), (128, 256)])
 def test_ws_tiles_whole_scan(cin, cout):
-    """The warp-specialized tiles 14, 15 and 16 (conv_wgmma_ws.cu: producer warps read each offset's
-    map entries once, tile buffers and barriers handed between producers and consumers, a tile
-    counter that hands a persistent grid its tiles, every consumer warp arriving on each stage it
-    leaves; tile 16's consumer warpgroups taking turns, each on its own tiles, and tile 16 at
-    Cout = 256 falling back to a kernel that takes it; the weight image in 16-byte pieces) on
+    """The warp-specialized tiles 14, 15, 16 and 17 (conv_wgmma_ws.cu: producer warps read each
+    offset's map entries once, tile buffers and barriers handed between producers and consumers, a
+    tile counter that hands a persistent grid its tiles, every consumer warp arriving on each stage
+    it leaves; the ping-pong tiles' consumer warpgroups taking turns, each on its own tiles, tile 16
+    above 128 produced channels and tile 17 above 64 in column tiles of 128 and 64, partial at
+    Cout = 136; the weight image in 16-byte pieces) on
     the whole sweep at 0.2 m (67k voxels, 525 row
     tiles, more than the 132 SMs).
     Forward and dgrad, as a plain pass, as segmented passes (mask splits S = 2 add partial
@@ -275,14 +277,14 @@ def test_ws_tiles_whole_scan(cin, cout):
     dy = randn(c.shape[0], cout, dtype=dtype, device="cuda", seed=3)
     want_y = ref.gather_conv(x.feats, km.nbmap, w)  # fp64 on the GPU
     want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
-    for tile in (14, 15, 16):
+    for tile in (14, 15, 16, 17):
         for a in ([0, tile, 0, 0], [0, tile, 2, 0], [2, tile, 0, 1], [3, tile, 3, 0]):
             _check_pass(x, w, dy, km, geom, a, want_y, want_dx, a)
 
 
 @needs_cuda
 def test_ws_tiles_more_launches_than_counters():
-    """Tiles 14, 15 and 16 take their tiles from a counter the weight image kernel zeroes, one per
+    """Tiles 14-17 take their tiles from a counter the weight image kernel zeroes, one per
     main launch of a pass, 64 of them (csrc/cuda/conv.cu WS_COUNTERS); launches beyond the 64th
     share the last counter and zero it with a memset first.  81 segments (each offset alone, over
     each third of the mask-ordered rows: every (row, offset) pair summed once), so ~80 launches
@@ -302,7 +304,7 @@ def test_ws_tiles_more_launches_than_counters():
     assert n // 3 > 132 * 128, n  # each segment has more row tiles than an H100 has SMs
     segs = [v for k in range(27) for j in range(3) for v in (j * n // 3, (j + 1) * n // 3 - j * n // 3, 1 << k, 0)]
     order, order_t = torchsp.kmap.mask_order(km.nbmap), torchsp.kmap.mask_order(km.nbmap_t)
-    for tile in (14, 15, 16):
+    for tile in (14, 15, 16, 17):
         a = [0, tile, 0, 0]
         _poison_cache()
         y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t, segs, segs)

@@ -82,10 +82,11 @@ def _assert_close(y, dx, ref_y, ref_dx):
     assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
 
 
-@pytest.mark.parametrize("tile", [0, 2, 3, 7, 9, 12, 13, 14, 15, 16])
+@pytest.mark.parametrize("tile", [0, 2, 3, 7, 9, 12, 13, 14, 15, 16, 17])
 def test_tensor_core_tiles(tile):
     """Every tensor-core tile family (mma.sync 2/3, wgmma 7/9, swizzled 12/13 and warp-specialized
-    14/15, ping-pong 16 on sm_90a builds, else mma.sync; 0 resolves to one of them)
+    14/15, ping-pong 16 (here two 128-column tiles) and 17 (64 columns) on sm_90a builds, else
+    mma.sync; 0 resolves to one of them)
     under the sanitizers: mask-sorted rows, a partial last tile, Cout > 128, fwd and dgrad; and
     wgrad on the same tile (12, 13, 15: conv_wgmma_wgrad.cu with partial 40-of-64 / 40-of-128
     row and 144-of-256 column tiles, in row chunks and in pair pieces; others mma.sync)."""
@@ -106,7 +107,7 @@ def test_tensor_core_tiles(tile):
     assert torch.equal(dw_cached, dw_pieces)
 
 
-@pytest.mark.parametrize("tile", [14, 15, 16])
+@pytest.mark.parametrize("tile", [14, 15, 16, 17])
 def test_ws_tiles_many(tile):
     """The warp-specialized tiles (conv_wgmma_ws.cu) under the sanitizers with more tiles than
     SMs: 40 -> 64 channels on ~19k rows (~150 row tiles); the tile counter, tile buffers and
@@ -133,11 +134,12 @@ def test_ws_tiles_many(tile):
         _assert_close(y, dx, ref.feats, ref_dx)
 
 
-@pytest.mark.parametrize("tile", [3, 13, 15, 16])
+@pytest.mark.parametrize("tile", [3, 13, 15, 16, 17])
 def test_step_plans(tile):
     """Step plans (torchsp.kmap.tile_order: the order a CUDA map carries; refined_plan: a reused
     map's) under the sanitizers: the same sums, bitwise, as the bare mask order [N] (the tiles
-    walk the same rows and offsets, in another grouping),
+    walk the same rows and offsets, in another grouping; tile 17 in two 64-column tiles per row
+    tile, each finding its row tile through the plan's schedule),
     and a plan whose records are overwritten with wild words (offset lists, counts, rows and map
     entries out of range) runs without an access out of bounds."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=21)
@@ -184,7 +186,7 @@ def test_split_k(tile):
 
 def test_wide_tiles():
     """128 -> 136 channels: tile 0 resolves to the warp-specialized wgmma tile 15 in forward (136
-    produced channels, two column tiles of 128) and to the ping-pong tile 16 in dgrad (128) on
+    produced channels in one 256-column tile) and to the ping-pong tile 16 in dgrad (128) on
     sm_90a builds (else mma.sync), and wgrad takes its 8-warp 128 x 128 tiles."""
     coords = _coords(700, seed=5)
     feats = torch.randn(coords.shape[0], 128, dtype=torch.float64)

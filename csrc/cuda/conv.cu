@@ -140,7 +140,7 @@ static tsp_status check_problem(const tsp_conv_problem *p) {
 static size_t element_bytes(tsp_dtype dtype) { return dtype == TSP_FLOAT32 ? 4 : 2; }
 
 /* algo.tile values served by conv_wgmma.cu (sm_90a builds); others by conv_implicit_gemm.cu. */
-static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 16 && tile != TSP_TILE_TF32; }
+static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 17 && tile != TSP_TILE_TF32; }
 
 static int fast_dtype(tsp_dtype dtype) {
   return dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16;
@@ -163,12 +163,27 @@ static int fast_dtype(tsp_dtype dtype) {
 ** against 83.8, before tile 13 went to three blocks per SM);
 ** else mma.sync, which stays faster at C = 32 (56 vs 107 for tile 15, 114
 ** for wgmma tile 9; op call 39.7 against 53.5 for tile 13 at three blocks
-** per SM, 2026-11-25). */
-static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int64_t volume, int tile) {
+** per SM, 2026-11-25).
+** Few row tiles: the longest tile sets such a pass's time, so narrower
+** column tiles (more blocks, each shorter) pay although each gathers its
+** rows again.  Above 128 produced channels, a pass over `rows` rows with at
+** most FEW_ROW_TILES_PER_SM 128-row tiles per SM runs tile 16 in 128-column
+** tiles instead of tile 15's 256; where tile 16 would have at most half as
+** many blocks as SMs, tile 17 (64 columns).  H100, lidar_198k, 3x3x3, main
+** kernel, two rounds each, 2026-11-26, fwd us, tile 15 / 16 / 17:
+**   C = 256, 0.1 m (981 row tiles) 347 / 357 / -;  0.2 m (525) 231 / 236 /
+**   374;  0.3 m 152 / 151 / 235;  0.4 m (218) 124 / 109 / 168;  0.8 m (83)
+**   88.1 / 70.6 / 74.8;  1.6 m (24) 86 / 49.2 / 43.4;
+**   C = 128 (tile 16 is tile 0 anyway), 0.8 m (83) 35.7 / 30.3 / 35.8;
+**   1.6 m (24) 35.6 / 30.2 / 27.0; dgrad alike. */
+enum { FEW_ROW_TILES_PER_SM = 2 };
+static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int64_t volume, int64_t rows, int tile) {
   if (tile != 0 || !fast_dtype(dtype) || red < 64 || n < 64 || !tsp_conv_wgmma_available())
     return tile;
-  if (n > 64 && tsp_conv_wgmma_pingpong_fits(n, volume)) return 16;
-  return n > 64 ? 15 : 13;
+  const int64_t row_tiles = (rows + 127) / 128, sms = tsp_device_sms();
+  if (n == 64 || !tsp_conv_wgmma_pingpong_fits(n, volume)) return n > 64 ? 15 : 13;
+  if (n > 128 && row_tiles > FEW_ROW_TILES_PER_SM * sms) return 15;
+  return row_tiles * ((n + 127) / 128) * 2 <= sms ? 17 : 16;
 }
 
 /* wgrad's algo.tile 0 on fp16/bf16 with both channel counts >= 32 (sm_90a
@@ -199,7 +214,7 @@ static int tf32_asked(tsp_dtype dtype, int tile) {
 
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-/* Tile counters of tiles 14-16 in the 256 bytes after the weight image:
+/* Tile counters of tiles 14-17 in the 256 bytes after the weight image:
 ** one per main launch of a pass (segments), the image kernel zeroes them. */
 enum { WS_COUNTERS = 256 / sizeof(int32_t) };
 
@@ -224,13 +239,13 @@ static int segs_need_accum(const tsp_segment *segs, int n_segs) {
 }
 
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
-** of w (tiles 6-10; 14-16: the weight image and the blocks' tile counter), then
+** of w (tiles 6-10; 14-17: the weight image and the blocks' tile counter), then
 ** fp32 partial sums: [rows, n] for segmented plans that need them
 ** (segs_need_accum), [splits, rows, n] for split-K. */
 static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n,
                            const tsp_segment *segs, int n_segs) {
   size_t bytes = 0;
-  const int tile = resolve_tile(p->dtype, red, n, p->volume, p->algo.tile);
+  const int tile = resolve_tile(p->dtype, red, n, p->volume, rows, p->algo.tile);
   if (tsp_is_ws_tile(tile))
     bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n)) + 256; /* + tile counters */
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
@@ -315,7 +330,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
                                           stream),
                           "tsp_conv: zero output");
   tsp_os_launch a = *base;
-  const int tile = resolve_tile(dtype, a.red, n, a.volume, algo.tile);
+  const int tile = resolve_tile(dtype, a.red, n, a.volume, rows, algo.tile);
   os_kernel kind = OS_SIMPLE;
   if (fast_dtype(dtype) && is_wgmma_tile(tile) && tsp_conv_wgmma_check(dtype, &a, tile) == TSP_OK)
     kind = OS_WGMMA;
@@ -333,7 +348,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
     const size_t wbytes = align256(tsp_conv_wgmma_ws_image_bytes(a.volume, a.red, n));
     if (ws == NULL || workspace_bytes < wbytes + 256) return TSP_ERR_ARGUMENT;
     /* the image kernel also zeroes one tile counter per main launch (WS_COUNTERS) */
-    tsp_status s = tsp_conv_wgmma_ws_image(dtype, &a, transposed_w, ws, (int32_t *)(ws + wbytes),
+    tsp_status s = tsp_conv_wgmma_ws_image(dtype, &a, tile, transposed_w, ws, (int32_t *)(ws + wbytes),
                                            WS_COUNTERS);
     if (s != TSP_OK) return s;
     a.w = ws;

@@ -97,6 +97,18 @@ static inline int tsp_device_cc(void) {
   return 10 * major + minor;
 }
 
+/* Multiprocessors of the current device, 0 on error; remembered per device as
+** tsp_device_cc. */
+static inline int tsp_device_sms(void) {
+  static int known[64];
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev >= 0 && dev < 64 && known[dev] != 0) return known[dev];
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
+  if (dev >= 0 && dev < 64) known[dev] = sms;
+  return sms;
+}
+
 /* ------------------------------------------------------ shared memory --- */
 
 /*
@@ -182,7 +194,7 @@ typedef struct {
   uint64_t offsets;    /* bit k: offset k takes part (~0: all) */
   float *accum;        /* [rows, n] fp32 partial sums (the TSP_EPI_ACC_* modes) */
   int mode;            /* TSP_EPI_* */
-  int32_t *tile_counter; /* tiles 14-16: a device int the blocks take further tiles
+  int32_t *tile_counter; /* tiles 14-17: a device int the blocks take further tiles
                             from (zero at launch: counter_zeroed below, or the launcher's
                             memset); NULL elsewhere */
   int splits;          /* split-K: > 1 cuts each tile's offsets into this many runs, block
@@ -190,21 +202,21 @@ typedef struct {
                           (TSP_EPI_ACC_INIT); 0 or 1: none */
   int plan;            /* order is a tile plan (tsp_conv_problem.order_plan): the order
                           [tile_rows], then the map rows in that order [tile_rows, volume] */
-  int counter_zeroed;  /* tiles 14-16: *tile_counter is 0 already (the weight image
+  int counter_zeroed;  /* tiles 14-17: *tile_counter is 0 already (the weight image
                           kernel zeroed it), so the launcher skips its memset launch */
-  int after_image;     /* tiles 14-16: the weight image kernel is the stream's last
+  int after_image;     /* tiles 14-17: the weight image kernel is the stream's last
                           launch, so this one may start while it runs (programmatic
                           dependent launch, conv_wgmma_ws.cu) */
   const int32_t *steps; /* the pass's step plan (torchsp.h, conv_tile.cuh: all rows
                            and offsets), NULL unless the pass is plain (conv.cu,
                            pass_steps); read by the fp16/bf16 kernels with 128-row
-                           tiles (mma.sync 0 / 2 / 3, wgmma 6, 7, 10, 13-16),
+                           tiles (mma.sync 0 / 2 / 3, wgmma 6, 7, 10, 13-17),
                            ignored by the others */
 } tsp_os_launch;
 
 /* The warp-specialized wgmma tiles (conv_wgmma_ws.cu: 14, 15 and the
-** ping-pong 16), which read a weight image and take tiles from a counter. */
-static inline int tsp_is_ws_tile(int tile) { return tile == 14 || tile == 15 || tile == 16; }
+** ping-pong 16 and 17), which read a weight image and take tiles from a counter. */
+static inline int tsp_is_ws_tile(int tile) { return tile >= 14 && tile <= 17; }
 
 /* The map rows of a launch's tile plan, in tile order, or NULL (conv_tile.cuh). */
 static inline const int32_t *tsp_os_plan_map(const tsp_os_launch *a) {
@@ -229,12 +241,12 @@ tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const vo
                               const int32_t *nbmap, void *dw, float *partials,
                               cudaStream_t stream);
 /* The wgmma kernels (sm_90a builds on sm_90 devices only, tiles 6-10 and
-** 12-16; TSP_ERR_UNSUPPORTED otherwise).  Tiles 6-10 read w K-major
+** 12-17; TSP_ERR_UNSUPPORTED otherwise).  Tiles 6-10 read w K-major
 ** ([volume, n, red], k_major = 1): dgrad's w already is; forward first writes
 ** a K-major copy with tsp_conv_wgmma_weights into tsp_conv_wgmma_workspace
 ** bytes and passes it as a->w.  Tiles 12 and 13 (tsp_conv_wgmma_reads_mn) also
 ** read the forward's [volume, red, n] as stored (k_major = 0).  The
-** warp-specialized tiles 14-16
+** warp-specialized tiles 14-17
 ** (conv_wgmma_ws.cu) read an image of the weights that
 ** tsp_conv_wgmma_ws_image writes (both passes; `transposed_w` as for the
 ** launchers above) into tsp_conv_wgmma_ws_image_bytes, and zeroes the
@@ -249,9 +261,9 @@ tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, 
 size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n);
 tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 /* Whether the ping-pong tile 16 takes n produced channels at this kernel volume
-** (n <= 128, two tile buffers in shared memory); 0 without sm_90a code. */
+** (two tile buffers in shared memory beside its stages); 0 without sm_90a code. */
 int tsp_conv_wgmma_pingpong_fits(int64_t n, int64_t volume);
-tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w,
+tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int tile, int transposed_w,
                                    void *img, int32_t *counters, int n_counters);
 tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 

@@ -439,7 +439,7 @@ int tsp_conv_wgmma_reads_mn(int tile) { return tile == 12 || tile == 13; }
 
 /* One launch; a->w is K-major ([volume, n, red]: k_major != 0), or for tiles
 ** 12 and 13 also the forward's [volume, red, n] (k_major == 0), or for tiles
-** 14-16 the image of tsp_conv_wgmma_ws_image (conv_wgmma_ws.cu). */
+** 14-17 the image of tsp_conv_wgmma_ws_image (conv_wgmma_ws.cu). */
 tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major) {
 #ifndef TSP_WGMMA
   (void)dtype, (void)a, (void)tile, (void)k_major;

@@ -39,9 +39,12 @@
 ** was the hang of 2026-11-24 (MinkUNet's tuner, batch 4, a hybrid forward of
 ** a 42197-row 128 -> 256 layer).
 **
-** Tile 16 (ping-pong, n <= 128) keeps the producers and stages but gives each
+** Tile 16 (ping-pong) keeps the producers and stages but gives each
 ** consumer warpgroup whole tiles, every other one of the block, which it
-** builds itself; see the PP branch of the kernel.  With a step plan it takes
+** builds itself; see the PP branch of the kernel.  Its two accumulators per
+** thread hold at most 128 columns, so above 128 produced channels it runs in
+** 128-column tiles (ws_bn), and tile 17 is the same kernel in 64-column
+** tiles: narrower tiles for passes with few row tiles (conv.cu resolve_tile).  With a step plan it takes
 ** the row tiles in the plan's schedule, the most offsets first (torchsp.h):
 ** lidar_198k, H100, main kernel, stride-2 K = 3 C = 128 fwd 77.5 -> 66.5 us,
 ** subm C = 128 98.6 -> 94.0 (with the refined order, session 30).  The
@@ -167,11 +170,25 @@ static __device__ __forceinline__ void ws_image_let_main_start() {
 /* ------------------------------------------------------------ kernel --- */
 
 enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256, WS_STAGES = 4, WS_TILE_BAR = 1 };
-enum { WS_PINGPONG_TILE = 16 }; /* algo.tile of the ping-pong consumers (n <= 128) */
+/* algo.tile of the ping-pong consumers: 16 at up to 128 columns a block, 17 at 64 */
+enum { WS_PINGPONG_TILE = 16, WS_PINGPONG_NARROW_TILE = 17 };
 enum { WS_SMEM_MAX = 232448 }; /* sm_90's dynamic shared memory per block */
 
-/* Columns per block for n produced channels (both tiles); the weight image is laid out for it. */
-static int ws_bn(int64_t n) { return n <= 64 ? 64 : n <= 128 ? 128 : 256; }
+static int ws_pingpong(int tile) { return tile == WS_PINGPONG_TILE || tile == WS_PINGPONG_NARROW_TILE; }
+
+/* Columns per block for n produced channels, and so the weight image's
+** column tiles: tiles 14 and 15 up to 256; the ping-pong tile 16 up to 128
+** (two m64nBN accumulators per consumer thread), column tiles above; tile 17
+** 64.  Why narrower tiles: a layer with fewer 128-row tiles than the GPU has
+** SMs (a U-Net's deep levels) leaves SMs idle at full width, and the longest
+** tile sets the time; column tiles multiply the blocks without the fp32
+** slabs of split-K, at the price of gathering each row once per column tile. */
+static int ws_bn_max(int64_t n) { return n <= 64 ? 64 : n <= 128 ? 128 : 256; }
+static int ws_bn(int tile, int64_t n) {
+  const int bn = ws_bn_max(n);
+  if (tile == WS_PINGPONG_NARROW_TILE) return 64;
+  return tile == WS_PINGPONG_TILE && bn > 128 ? 128 : bn;
+}
 
 /* Stages, their barriers, the tile barriers and `tbufs` tile buffers (conv_tile.cuh). */
 static size_t ws_smem_bytes(int bn, int stages, int volume, int tbufs) {
@@ -714,12 +731,7 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   ** counter, and its producers list tile i + 1 into the second tile buffer
   ** while the consumers finish tile i.  C = 256, H100: 390.9 us for the main
   ** kernel against 409-412 with one block per tile (2026-11-24). */
-  int sms = 0, dev = 0;
-  s = tsp_cuda_check(cudaGetDevice(&dev), "tsp_conv_wgmma_ws");
-  if (s == TSP_OK)
-    s = tsp_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-                       "tsp_conv_wgmma_ws: SM count");
-  if (s != TSP_OK) return s;
+  const int sms = tsp_device_sms();
   const int64_t per_wave = (int64_t)(sms > 0 ? sms : 1) * MINB;
   const int64_t blocks = tiles < per_wave ? tiles : per_wave;
   if (!a.counter_zeroed) {
@@ -829,13 +841,13 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **     / 123.3 / 120.6, down3 C = 128 105.4 / 108.0 / 106.0: the copies
 **     already run far enough ahead. */
 template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
-  const int bn = ws_bn(a.n);
+  const int bn = ws_bn(tile, a.n);
   if (tile == 14) {
     if (bn == 64) return launch_ws<T, 64, WS_STAGES, 2, 1, false>(a);
     if (bn == 128) return launch_ws<T, 128, WS_STAGES, 2, 1, false>(a);
     return launch_ws<T, 256, WS_STAGES, 2, 1, false>(a);
   }
-  if (tile == WS_PINGPONG_TILE) { /* two m64nBN accumulators per consumer thread: n <= 128 */
+  if (ws_pingpong(tile)) { /* two m64nBN accumulators per consumer thread: BN <= 128 */
     if (bn == 64) return launch_ws<T, 64, WS_STAGES, 4, 1, true>(a);
     if (bn == 128) return launch_ws<T, 128, WS_STAGES, 4, 1, true>(a);
     return TSP_ERR_UNSUPPORTED;
@@ -852,7 +864,7 @@ size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n) {
   (void)volume, (void)red, (void)n;
   return 0;
 #else
-  const int64_t bn = ws_bn(n);
+  const int64_t bn = ws_bn_max(n); /* the widest tile's image; a narrower one's is no larger */
   return (size_t)(volume * ((red + 63) / 64 * 64) * ((n + bn - 1) / bn * bn)) * 2;
 #endif
 }
@@ -862,8 +874,8 @@ int tsp_conv_wgmma_pingpong_fits(int64_t n, int64_t volume) {
   (void)n, (void)volume;
   return 0;
 #else
-  return n >= 1 && n <= 128 && volume >= 1 && volume <= 65535 &&
-         ws_smem_bytes(ws_bn(n), WS_STAGES, (int)volume, 2) <= WS_SMEM_MAX;
+  return n >= 1 && volume >= 1 && volume <= 65535 &&
+         ws_smem_bytes(ws_bn(WS_PINGPONG_TILE, n), WS_STAGES, (int)volume, 2) <= WS_SMEM_MAX;
 #endif
 }
 
@@ -874,26 +886,25 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
 #else
   if (!wg_launch_ok(dtype, a) || !tsp_is_ws_tile(tile) || (uintptr_t)a->w % 16 != 0)
     return TSP_ERR_UNSUPPORTED;
-  /* ping-pong: each consumer warpgroup has its own tile buffer, and two accumulators of n <= 128 */
-  const int tbufs = tile == WS_PINGPONG_TILE ? 2 : 1;
-  if (tile == WS_PINGPONG_TILE && ws_bn(a->n) > 128) return TSP_ERR_UNSUPPORTED;
-  if (ws_smem_bytes(ws_bn(a->n), WS_STAGES, (int)a->volume, tbufs) > WS_SMEM_MAX) return TSP_ERR_UNSUPPORTED;
+  /* ping-pong: each consumer warpgroup has its own tile buffer, and two accumulators of BN <= 128 */
+  const int tbufs = ws_pingpong(tile) ? 2 : 1;
+  if (ws_smem_bytes(ws_bn(tile, a->n), WS_STAGES, (int)a->volume, tbufs) > WS_SMEM_MAX) return TSP_ERR_UNSUPPORTED;
   if (tsp_device_cc() != 90) return TSP_ERR_UNSUPPORTED; /* sm_90a code runs on sm_90 only */
   return TSP_OK;
 #endif
 }
 
-tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int transposed_w,
+tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int tile, int transposed_w,
                                    void *img, int32_t *counters, int n_counters) {
 #ifndef TSP_WGMMA
-  (void)dtype, (void)a, (void)transposed_w, (void)img, (void)counters, (void)n_counters;
+  (void)dtype, (void)a, (void)tile, (void)transposed_w, (void)img, (void)counters, (void)n_counters;
   return TSP_ERR_UNSUPPORTED;
 #else
   if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
   if (img == NULL || (uintptr_t)img % 16 != 0 || (uintptr_t)a->w % 16 != 0 || a->red % 8 != 0 ||
       a->n % 8 != 0)
     return TSP_ERR_UNSUPPORTED; /* the kernel moves 16-byte pieces */
-  const int bn = ws_bn(a->n);
+  const int bn = ws_bn(tile, a->n); /* the main kernel's column tiles */
   const int chunks = (int)((a->red + 63) / 64);
   const int64_t images = a->volume * chunks * ((a->n + bn - 1) / bn); /* one block each */
   /* volume, red and n are >= 1 (conv.cu), so there is an image, and its block 0 zeroes the counters */
