@@ -291,8 +291,8 @@ enum { TSP_REFINE_WINDOW = 1024, TSP_REFINE_LEAF = 128, TSP_REFINE_DEPTH = 16, T
 ** tsp_tile_steps_sched(n_rows, V), the order in which the ping-pong kernel
 ** (tile 16) takes the tiles: with refine, the tile indices by decreasing
 ** count, ties by decreasing index (the longest tiles first, so the last wave
-** is of short ones); without, by decreasing index (the order the other
-** kernels walk).
+** is of short ones); without, -1 in every word: no schedule, and the kernel
+** walks the tiles by decreasing index, as the others do, without reading it.
 ** The conv passes take it in place of an unsegmented order
 ** (tsp_conv_problem.order_plan = TSP_ORDER_STEPS) and read the map entries
 ** from it, not from the map, so it must be the plan of the map it comes

@@ -135,7 +135,7 @@ def tile_steps(nbmap, order, tile=128, refine=True):
     record: offset masks of its 16-row groups, the used offsets (then zeros), their count and 3
     zeros, its rows, zeros to a multiple of 4 words, one column of `tile` map entries per used
     offset (-1 absent), then -1 up to V columns; after the records, the schedule: tile indices
-    by decreasing count (refine; else all as one), ties by decreasing index."""
+    by decreasing count, ties by decreasing index (refine; else -1 words: no schedule)."""
     nbmap, order = nbmap.long().cpu(), tile_refine(nbmap, order) if refine else order.long().cpu()
     n, v = nbmap.shape
     tiles = (n + tile - 1) // tile
@@ -162,9 +162,9 @@ def tile_steps(nbmap, order, tile=128, refine=True):
         plan[at + head:at + words] = -1
         for j, k in enumerate(used):
             plan[at + head + j * tile:at + head + (j + 1) * tile] = ent[:, k]
-    counts = [int(plan[base + t * words + 2 * v]) if refine else 0 for t in range(tiles)]
-    plan[base + tiles * words:] = torch.tensor(sorted(range(tiles), key=lambda t: (-counts[t], -t)),
-                                               dtype=torch.int64)
+    counts = [int(plan[base + t * words + 2 * v]) for t in range(tiles)]
+    plan[base + tiles * words:] = (torch.tensor(sorted(range(tiles), key=lambda t: (-counts[t], -t)),
+                                                dtype=torch.int64) if refine else -1)
     return plan
 
 

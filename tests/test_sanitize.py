@@ -139,7 +139,7 @@ def test_step_plans(tile):
     """Step plans (torchsp.kmap.tile_order: the order a CUDA map carries; refined_plan: a reused
     map's) under the sanitizers: the same sums, bitwise, as the bare mask order [N] (the tiles
     walk the same rows and offsets, in another grouping; tile 17 in two 64-column tiles per row
-    tile, each finding its row tile through the plan's schedule),
+    tile, each finding its row tile through the refined plan's schedule),
     and a plan whose records are overwritten with wild words (offset lists, counts, rows and map
     entries out of range) runs without an access out of bounds."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=21)

@@ -47,12 +47,12 @@ tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume
         cols[j * TSP_STEPS_ROWS + i] = e >= 0 ? e : -1;
       }
   }
-  /* the schedule: without refine by decreasing index, else by decreasing count, ties by
+  /* the schedule: without refine none (-1 words), else by decreasing count, ties by
   ** decreasing index (a counting sort) */
   int64_t start[65] = {0}; /* start[c]: where the tiles of count c begin */
   int32_t *sched = steps + tsp_tile_steps_sched(n_rows, volume);
   if (!refine) {
-    for (int64_t t = 0; t < tiles; ++t) sched[tiles - 1 - t] = (int32_t)t;
+    for (int64_t t = 0; t < tiles; ++t) sched[t] = -1;
     return TSP_OK;
   }
   const int32_t *counts = steps + tsp_tile_steps_base(n_rows) + 2 * volume;

@@ -50,8 +50,10 @@
 ** subm C = 128 98.6 -> 94.0 (with the refined order, session 30).  The
 ** schedule made tile 15 (C = 256) and the all-warps kernels (C <= 64) 1-5%
 ** slower there, so they keep walking the tiles from the last to the first.
-** Its cost: the one-offset up2 C = 128 fwd 30.4 -> 31.5-32.1 us, whose plans'
-** schedule is the plain order (the lookup and the larger tile head).
+** A plain (unrefined) plan has no schedule (-1 words) and the kernel then
+** reads none: plain plans, main kernel, two rounds, 2026-11-26, up2 C = 128
+** fwd 31.1 / 31.4 -> 30.5 / 30.6 us, subm C = 128 104.8 / 105.1 -> 103.7 /
+** 104.2, down3 C = 128 89.6 / 90.0 -> 87.9 / 88.5 (the lookups' cost).
 */
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TSP_WGMMA_DEVICE 1
@@ -437,9 +439,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     ** entry is asked for when its index is (hand_over) and stored here only
     ** once this tile's epilogue is done, so its latency hides behind it. */
     int32_t sched_ahead = -1;
+    /* a plan without a schedule (not refined) has -1 there: no lookups then */
+    const bool sched = from_steps && tsp_steps_sched_entry(plan_steps, 0, tiles, n, BM, BN, volume) >= 0;
     if (wt == 0) {
       next_idx[wg] = (int)blockIdx.x + wg * (int)gridDim.x;
-      next_rec[wg] = from_steps ? tsp_steps_sched_entry(plan_steps, next_idx[wg], tiles, n, BM, BN, volume) : -1;
+      next_rec[wg] = sched ? tsp_steps_sched_entry(plan_steps, next_idx[wg], tiles, n, BM, BN, volume) : -1;
     }
     for (int j = 0;; ++j) { /* this warpgroup's j-th tile, the block's tile 2 j + wg */
       const int i = 2 * j + wg;
@@ -482,7 +486,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
           const int nt = 2 * (int)gridDim.x + atomicAdd(next_tile, 1);
           next_idx[wg] = nt;
           g_next[(i + 1) & 1] = g_end;
-          if (from_steps) sched_ahead = tsp_steps_sched_entry(plan_steps, nt, tiles, n, BM, BN, volume);
+          if (sched) sched_ahead = tsp_steps_sched_entry(plan_steps, nt, tiles, n, BM, BN, volume);
         }
         /* every thread: each arrival releases its own read of g_next[i % 2], which
         ** the other warpgroup writes next (tile i + 2's first step) */

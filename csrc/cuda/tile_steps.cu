@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(STEPS_THREADS)
   const int tid = threadIdx.x;
   if (plain) {
     if (tid < STEPS_BM && row0 + tid < base) order_out[row0 + tid] = t.rows[tid]; /* checked; -1 pads */
-    if (tid == 0) sched[gridDim.x - 1 - blockIdx.x] = (int32_t)blockIdx.x;
+    if (tid == 0) sched[blockIdx.x] = -1; /* no schedule (torchsp.h) */
   }
   int32_t *rec = records + (int64_t)blockIdx.x * tsp_steps_words(STEPS_BM, volume);
   const int head = (int)tsp_steps_head_words(STEPS_BM, volume), count = *t.count;
