@@ -283,6 +283,43 @@ def test_ws_tiles_whole_scan(cin, cout):
 
 
 @needs_cuda
+@pytest.mark.parametrize("voxel,c,tile", [(0.4, 128, 16), (0.8, 128, 17), (0.8, 256, 16)])
+def test_pingpong_refined_plan_few_tiles(voxel, c, tile):
+    """The ping-pong tiles on a refined step plan (a schedule, longest tiles first) of a pass with
+    more tiles than the persistent grid's G blocks but fewer than 2 G (on a 132-SM H100: the whole
+    sweep at 0.4 m, 218 row tiles; at 0.8 m, 83 row tiles in two 64- or 128-column tiles), where
+    each block takes schedule positions b and 2 G - 1 - b first (csrc/cuda/conv_wgmma_ws.cu,
+    `snake`): forward and dgrad against the fp64 gather reference into NaN-poisoned memory, and
+    bitwise equal to the plain plan and the bare mask order (the same products per row, in the
+    same order)."""
+    coords = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=voxel).cuda()
+    dtype = torch.float16
+    x = torchsp.SparseTensor(randn(coords.shape[0], c, dtype=dtype, device="cuda", seed=1), coords)
+    km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(3))[0]
+    w = randn(27, c, c, dtype=dtype, device="cuda", seed=2, scale=0.05)
+    dy = randn(coords.shape[0], c, dtype=dtype, device="cuda", seed=3)
+    want_y = ref.gather_conv(x.feats, km.nbmap, w)  # fp64 on the GPU
+    want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
+    n = coords.shape[0]
+    plain, plain_t = km.order, km.order_t
+    fine, fine_t = torchsp.kmap.refined_plan(km.nbmap, plain), torchsp.kmap.refined_plan(km.nbmap_t, plain_t)
+    assert not torch.equal(fine, plain)
+    a = [0, tile, 0, 0]
+    outs = []
+    for o, ot in ((fine, fine_t), (plain, plain_t), (plain[:n].clone(), plain_t[:n].clone())):
+        _poison_cache()
+        y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, o, ot)
+        _poison_cache()
+        dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, ot)
+        outs.append((y, dx))
+    y, dx = outs[0]
+    assert rel_err(y, want_y) <= TOL[dtype], rel_err(y, want_y)
+    assert rel_err(dx, want_dx) <= TOL[dtype], rel_err(dx, want_dx)
+    for y2, dx2 in outs[1:]:
+        assert torch.equal(y, y2) and torch.equal(dx, dx2)
+
+
+@needs_cuda
 def test_ws_tiles_more_launches_than_counters():
     """Tiles 14-17 take their tiles from a counter the weight image kernel zeroes, one per
     main launch of a pass, 64 of them (csrc/cuda/conv.cu WS_COUNTERS); launches beyond the 64th

@@ -426,7 +426,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     ** previous tile's (mma_done): every earlier phase of each `full` has then
     ** completed, and its parity wait cannot take an older phase for the one it
     ** wants.  Tile indices rise with i in a block: tiles 0 and 1 are blockIdx.x
-    ** and gridDim.x + blockIdx.x, tile i + 2 is taken from the counter before
+    ** and gridDim.x + blockIdx.x (or 2 gridDim.x - 1 - blockIdx.x: `snake`
+    ** below), tile i + 2 is taken from the counter before
     ** tile i's mma_done, that is before tile i + 1's warpgroup takes its own.
     ** So once one index is past the end so are the later ones: its warpgroup
     ** hands it to the producers (tile_full) and both stop.  A warpgroup
@@ -441,8 +442,21 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     int32_t sched_ahead = -1;
     /* a plan without a schedule (not refined) has -1 there: no lookups then */
     const bool sched = from_steps && tsp_steps_sched_entry(plan_steps, 0, tiles, n, BM, BN, volume) >= 0;
+    /* With a schedule (longest tiles first) and fewer than 2 G tiles for G
+    ** blocks, the first two tiles of a block are all its work, and the second
+    ** ones go the other way round: block b takes schedule positions b and
+    ** 2 G - 1 - b, so the blocks with the longest first tiles get the shortest
+    ** second ones, or none.  H100, main kernel, two rounds against b + G in one
+    ** call (2026-11-26, refined plans): subm C = 128 at 0.4 m (218 row tiles)
+    ** fwd 46.1 / 46.0 -> 34.4 / 35.3 us, dgrad 44.9 / 45.2 -> 34.2 / 34.3;
+    ** C = 256 at 0.8 m (166 tiles of 128 columns) 71.8 / 70.4 -> 51.7 / 51.9.
+    ** Not with more tiles (C = 256 at 0.4 m, 436: 108.7 -> 116.5) nor on the
+    ** plain walk, whose tile lengths are not sorted (down3 128 -> 256 at 0.4 m
+    ** dgrad 26.6 -> 37.1). */
+    const bool snake = sched && tiles < 2 * (int)gridDim.x;
     if (wt == 0) {
-      next_idx[wg] = (int)blockIdx.x + wg * (int)gridDim.x;
+      next_idx[wg] = wg == 0 ? (int)blockIdx.x : snake ? 2 * (int)gridDim.x - 1 - (int)blockIdx.x
+                                                       : (int)gridDim.x + (int)blockIdx.x;
       next_rec[wg] = sched ? tsp_steps_sched_entry(plan_steps, next_idx[wg], tiles, n, BM, BN, volume) : -1;
     }
     for (int j = 0;; ++j) { /* this warpgroup's j-th tile, the block's tile 2 j + wg */
