@@ -244,8 +244,9 @@ def test_staged_epilogue_real_scan(k, c):
     16-byte chunks (csrc/cuda/conv_tile.cuh tsp_stage_*: rows of 4, 8 and 16 chunks at C = 32, 64
     and 128, each with its own swizzle); a 4x4x4 kernel (64 offsets) at C = 128 leaves the ping-pong
     tile 16 no room for its staging buffers, so it stores directly.  Forward and dgrad of tiles 0,
-    3 (mma.sync), 13 (all-warps wgmma), 16 and 17 (ping-pong, 17 in 64-column tiles) on a real crop against the fp64 gather
-    reference, into NaN-poisoned memory, and bitwise equal run to run."""
+    3 (mma.sync), 13 (all-warps wgmma), 16 and 17 (ping-pong, 17 in 64-column tiles) on a real
+    crop against the fp64 gather reference, into NaN-poisoned memory, and bitwise equal run to
+    run."""
     geom = torchsp.kmap.ConvGeometry(k)
     x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, c, c, torch.float16)
     for tile in (0, 3, 13, 16, 17):
@@ -260,9 +261,8 @@ def test_ws_tiles_whole_scan(cin, cout):
     tile counter that hands a persistent grid its tiles, every consumer warp arriving on each stage
     it leaves; the ping-pong tiles' consumer warpgroups taking turns, each on its own tiles, tile 16
     above 128 produced channels and tile 17 above 64 in column tiles of 128 and 64, partial at
-    Cout = 136; the weight image in 16-byte pieces) on
-    the whole sweep at 0.2 m (67k voxels, 525 row
-    tiles, more than the 132 SMs).
+    Cout = 136; the weight image in 16-byte pieces) on the whole sweep at 0.2 m (67k voxels, 525
+    row tiles, more than the 132 SMs).
     Forward and dgrad, as a plain pass, as segmented passes (mask splits S = 2 add partial
     sums; hybrid t = 1) and split-K (S = 3: three runs per tile in the counter's order), against
     the fp64 gather reference, and bitwise equal run to run.

@@ -44,8 +44,9 @@
 ** builds itself; see the PP branch of the kernel.  Its two accumulators per
 ** thread hold at most 128 columns, so above 128 produced channels it runs in
 ** 128-column tiles (ws_bn), and tile 17 is the same kernel in 64-column
-** tiles: narrower tiles for passes with few row tiles (conv.cu resolve_tile).  With a step plan it takes
-** the row tiles in the plan's schedule, the most offsets first (torchsp.h):
+** tiles: narrower tiles for passes with few row tiles (conv.cu
+** resolve_tile).  With a step plan it takes the row tiles in the plan's
+** schedule, the most offsets first (torchsp.h):
 ** lidar_198k, H100, main kernel, stride-2 K = 3 C = 128 fwd 77.5 -> 66.5 us,
 ** subm C = 128 98.6 -> 94.0 (with the refined order, session 30).  The
 ** schedule made tile 15 (C = 256) and the all-warps kernels (C <= 64) 1-5%
@@ -448,11 +449,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     ** 2 G - 1 - b, so the blocks with the longest first tiles get the shortest
     ** second ones, or none.  H100, main kernel, two rounds against b + G in one
     ** call (2026-11-26, refined plans): subm C = 128 at 0.4 m (218 row tiles)
-    ** fwd 46.1 / 46.0 -> 34.4 / 35.3 us, dgrad 44.9 / 45.2 -> 34.2 / 34.3;
-    ** C = 256 at 0.8 m (166 tiles of 128 columns) 71.8 / 70.4 -> 51.7 / 51.9.
-    ** Not with more tiles (C = 256 at 0.4 m, 436: 108.7 -> 116.5) nor on the
-    ** plain walk, whose tile lengths are not sorted (down3 128 -> 256 at 0.4 m
-    ** dgrad 26.6 -> 37.1). */
+    ** fwd 46.1 / 45.8 -> 35.9 / 34.8 us, dgrad 45.6 / 45.1 -> 34.2 / 34.2;
+    ** C = 256 at 0.8 m (166 tiles of 128 columns) 71.3 / 70.8 -> 51.6 / 51.9.
+    ** A first version that did so always lost with more tiles (C = 256 at
+    ** 0.4 m, 436: 108.7 -> 116.5) and on the plain walk, whose tile lengths
+    ** are not sorted (down3 128 -> 256 at 0.4 m dgrad 26.6 -> 37.1). */
     const bool snake = sched && tiles < 2 * (int)gridDim.x;
     if (wt == 0) {
       next_idx[wg] = wg == 0 ? (int)blockIdx.x : snake ? 2 * (int)gridDim.x - 1 - (int)blockIdx.x
