@@ -67,7 +67,7 @@ inline int32_t check_order(const std::optional<at::Tensor> &o, int64_t rows, con
                            const char *op, const char *arg, bool segmented = false) {
   if (!o.has_value() || !o->defined()) return TSP_ORDER_ROWS;
   const int64_t plan_len = rows * (1 + ref.size(1));
-  const int64_t steps_len = ref.size(1) <= 64 ? tsp_tile_steps_len(rows, ref.size(1)) : -1;
+  const int64_t steps_len = ref.size(1) <= TSP_STEPS_MAX_VOLUME ? tsp_tile_steps_len(rows, ref.size(1)) : -1;
   const bool unseg = !segmented && o->dim() == 1 && rows > 0;
   const bool plan = unseg && o->size(0) == plan_len && plan_len != rows;
   const bool steps = unseg && o->size(0) == steps_len; /* never plan_len: a record outgrows its rows */
@@ -139,7 +139,8 @@ inline void check_mask_order_map(const at::Tensor &m, const char *op) {
 /* tile_steps' arguments: a map int32 [N, V], 1 <= V <= 64, and an order int32 [N] on its device. */
 inline void check_steps_args(const at::Tensor &m, const at::Tensor &order, const char *op) {
   check_map(m, op, "nbmap");
-  TORCH_CHECK(m.size(1) >= 1 && m.size(1) <= 64, op, ": nbmap must have 1 to 64 offsets, got ", m.size(1));
+  TORCH_CHECK(m.size(1) >= 1 && m.size(1) <= TSP_STEPS_MAX_VOLUME, op, ": nbmap must have 1 to ",
+              int(TSP_STEPS_MAX_VOLUME), " offsets, got ", m.size(1));
   TORCH_CHECK(m.size(0) < (int64_t(1) << 31) - 1, op, ": nbmap has more rows than int32 can index: ",
               m.size(0));
   TORCH_CHECK(order.dim() == 1 && order.size(0) == m.size(0), op, ": order must be [", m.size(0),

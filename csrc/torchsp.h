@@ -298,7 +298,7 @@ enum { TSP_REFINE_WINDOW = 1024, TSP_REFINE_LEAF = 128, TSP_REFINE_DEPTH = 16, T
 ** from it, not from the map, so it must be the plan of the map it comes
 ** with; they check every word they use (a wrong plan gives wrong sums, never
 ** an access out of bounds). */
-enum { TSP_STEPS_ROWS = 128 };
+enum { TSP_STEPS_ROWS = 128, TSP_STEPS_MAX_VOLUME = 64 /* offsets a plan takes: 64-bit masks */ };
 static inline int64_t tsp_tile_steps_head(int64_t volume) {
   return (2 * volume + 4 + TSP_STEPS_ROWS + 3) & ~(int64_t)3;
 }

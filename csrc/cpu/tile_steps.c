@@ -12,8 +12,9 @@
 
 tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
                               const int32_t *order, int refine, int32_t *steps) {
-  if (n_rows == 0 && volume >= 1 && volume <= 64) return TSP_OK;
-  if (!map || !order || !steps || n_rows < 0 || volume < 1 || volume > 64 || n_rows > 0x7fffffffLL)
+  if (n_rows == 0 && volume >= 1 && volume <= TSP_STEPS_MAX_VOLUME) return TSP_OK;
+  if (!map || !order || !steps || n_rows < 0 || volume < 1 || volume > TSP_STEPS_MAX_VOLUME ||
+      n_rows > 0x7fffffffLL)
     return TSP_ERR_ARGUMENT;
   const int64_t tiles = (n_rows + TSP_STEPS_ROWS - 1) / TSP_STEPS_ROWS;
   const int64_t head = tsp_tile_steps_head(volume), words = tsp_tile_steps_words(volume);
