@@ -50,7 +50,7 @@ tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume
   }
   /* the schedule: without refine none (-1 words), else by decreasing count, ties by
   ** decreasing index (a counting sort) */
-  int64_t start[65] = {0}; /* start[c]: where the tiles of count c begin */
+  int64_t start[TSP_STEPS_MAX_VOLUME + 1] = {0}; /* start[c]: where the tiles of count c begin */
   int32_t *sched = steps + tsp_tile_steps_sched(n_rows, volume);
   if (!refine) {
     for (int64_t t = 0; t < tiles; ++t) sched[t] = -1;

@@ -81,32 +81,31 @@ static inline int64_t tsp_wgrad_chunks(const tsp_conv_problem *p) {
   return (p->n_out + rows - 1) / rows;
 }
 
-/* Compute capability of the current device as 10 * major + minor, 0 on error.
-** Remembered per device (devices 0 .. 63): a conv pass asks several times,
-** and on a virtualised host each runtime call costs.  A race between host
-** threads writes the same value twice. */
-static inline int tsp_device_cc(void) {
-  static int known[64];
-  int dev = 0, major = 0, minor = 0;
+/* Attribute `attr` of the current device, 0 on error, remembered in known[]
+** per device (devices 0 .. 63) as value + 1 (0: not asked yet; a minor
+** version is often 0): a conv pass asks several times, and on a virtualised
+** host each runtime call costs.  A race between host threads writes the same
+** value twice. */
+static inline int tsp_device_attr(cudaDeviceAttr attr, int *known) {
+  int dev = 0, v = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (dev >= 0 && dev < 64 && known[dev] != 0) return known[dev];
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return 0;
-  if (dev >= 0 && dev < 64) known[dev] = 10 * major + minor;
-  return 10 * major + minor;
+  if (dev >= 0 && dev < 64 && known[dev] != 0) return known[dev] - 1;
+  if (cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) return 0;
+  if (dev >= 0 && dev < 64) known[dev] = v + 1;
+  return v;
 }
 
-/* Multiprocessors of the current device, 0 on error; remembered per device as
-** tsp_device_cc. */
+/* Compute capability of the current device as 10 * major + minor, 0 on error. */
+static inline int tsp_device_cc(void) {
+  static int major[64], minor[64];
+  return 10 * tsp_device_attr(cudaDevAttrComputeCapabilityMajor, major) +
+         tsp_device_attr(cudaDevAttrComputeCapabilityMinor, minor);
+}
+
+/* Multiprocessors of the current device, 0 on error. */
 static inline int tsp_device_sms(void) {
   static int known[64];
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  if (dev >= 0 && dev < 64 && known[dev] != 0) return known[dev];
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  if (dev >= 0 && dev < 64) known[dev] = sms;
-  return sms;
+  return tsp_device_attr(cudaDevAttrMultiProcessorCount, known);
 }
 
 /* ------------------------------------------------------ shared memory --- */

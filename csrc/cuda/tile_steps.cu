@@ -26,8 +26,8 @@ enum { STEPS_THREADS = 128, STEPS_BM = TSP_STEPS_ROWS };
 
 /* order: the row order; records: where tile 0's goes.  plain != 0 (no refinement): `order` is
 ** the caller's, and the block also writes its rows' entries of the plan's order part (checked;
-** -1 up to `base`) and its schedule entry (sched[tiles - 1 - t] = t); else `order` is the plan's
-** own order part, refined and checked, and tile_sched_kernel writes the schedule. */
+** -1 up to `base`) and its schedule word (-1: a plain plan has no schedule); else `order` is the
+** plan's own order part, refined and checked, and tile_sched_kernel writes the schedule. */
 __global__ void __launch_bounds__(STEPS_THREADS)
     tile_steps_kernel(const int32_t *__restrict__ map, const int32_t *__restrict__ order, int64_t rows,
                       int volume, int32_t *__restrict__ records, int plain, int32_t *__restrict__ order_out,
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(STEPS_THREADS)
   }
 }
 
-enum { SCHED_THREADS = 1024, SCHED_WARPS = SCHED_THREADS / 32 };
+enum { SCHED_THREADS = 1024, SCHED_WARPS = SCHED_THREADS / 32, SCHED_COUNTS = TSP_STEPS_MAX_VOLUME + 1 };
 
 /* The schedule (torchsp.h): tiles by decreasing count, ties by decreasing index.  One block:
 ** a histogram of the counts, then the tiles in decreasing index, 1024 at a time, each placed
@@ -66,11 +66,11 @@ enum { SCHED_THREADS = 1024, SCHED_WARPS = SCHED_THREADS / 32 };
 __global__ void __launch_bounds__(SCHED_THREADS)
     tile_sched_kernel(const int32_t *__restrict__ counts, int64_t words, int tiles, int volume,
                       int32_t *__restrict__ sched) {
-  __shared__ int next[65];                    /* where the next tile of count c goes */
-  __shared__ int per_warp[SCHED_WARPS][65];   /* tiles of count c in warp w of this round */
+  __shared__ int next[SCHED_COUNTS];                  /* where the next tile of count c goes */
+  __shared__ int per_warp[SCHED_WARPS][SCHED_COUNTS]; /* tiles of count c in warp w of this round */
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const unsigned below = (1u << lane) - 1u;
-  for (int c = tid; c < 65; c += SCHED_THREADS) next[c] = 0;
+  for (int c = tid; c < SCHED_COUNTS; c += SCHED_THREADS) next[c] = 0;
   __syncthreads();
   for (int first = 0; first < tiles; first += SCHED_THREADS) { /* the histogram, one add per count a warp */
     const int t = first + tid;
@@ -95,7 +95,8 @@ __global__ void __launch_bounds__(SCHED_THREADS)
     if (c2 >= 0) next[c2] = excl + a + b;
   }
   for (int first = 0; first < tiles; first += SCHED_THREADS) {
-    for (int i = tid; i < SCHED_WARPS * 65; i += SCHED_THREADS) per_warp[i / 65][i % 65] = 0;
+    for (int i = tid; i < SCHED_WARPS * SCHED_COUNTS; i += SCHED_THREADS)
+      per_warp[i / SCHED_COUNTS][i % SCHED_COUNTS] = 0;
     __syncthreads();
     const int t = tiles - 1 - (first + tid); /* decreasing index */
     const int c = t >= 0 ? min(max(counts[(int64_t)t * words], 0), volume) : -1;
