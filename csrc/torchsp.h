@@ -255,21 +255,21 @@ enum { TSP_ORDER_ROWS = 0, TSP_ORDER_TILE_PLAN = 1, TSP_ORDER_STEPS = 2 };
 ** the order itself, so the conv passes take it in place of the order
 ** (tsp_conv_problem.order_plan). */
 
-/* Window refinement of a row order of a map [n_rows, V] (1 <= V <= 64;
-** tsp_tile_refine_cpu, and on CUDA inside tsp_tile_steps_cuda;
-** cpu/tile_refine.c says why and how): each window of TSP_REFINE_WINDOW
-** consecutive entries of the order (from entry 0; the last may be shorter)
-** re-sorted by a decision tree that splits segments of more than
-** TSP_REFINE_LEAF rows on the offset fewest of their rows have, at most
-** TSP_REFINE_DEPTH splits deep, so that the 128-row tiles cut from it use
-** fewer offsets.  out [n_rows] is a permutation
-** of order's entries (an entry outside [0, n_rows) keeps its value and counts
-** as a row without offsets); the same result on both devices. */
-enum { TSP_REFINE_WINDOW = 1024, TSP_REFINE_LEAF = 128, TSP_REFINE_DEPTH = 16, TSP_REFINE_MAX_VOLUME = 64 };
+/* Tile packing of a row order of a map [n_rows, V] (1 <= V <= 64;
+** tsp_tile_pack_cpu, and on CUDA inside tsp_tile_steps_cuda;
+** cpu/tile_pack.c says why and how): within each window of TSP_PACK_WINDOW
+** consecutive entries of the order (from entry 0; the last may be shorter),
+** TSP_PACK_ROWS-row tiles built greedily, each seeded with the mask of most
+** entries left and filled with the entries whose masks lie inside the tile's
+** offsets first, so that the 128-row tiles of a step plan use fewer offsets.
+** out [n_rows] is a permutation of order's entries (an entry outside
+** [0, n_rows) keeps its value and counts as a row without offsets); the same
+** result on both devices. */
+enum { TSP_PACK_WINDOW = 4096, TSP_PACK_ROWS = 128 };
 
 /* Step plan of a map [n_rows, V] (1 <= V <= 64) and one of its row orders
 ** (tsp_tile_steps_*): each 128-row tile of the order, refined first when
-** `refine` is nonzero (tsp_tile_refine_cpu), listed once so that the CUDA output-stationary
+** `refine` is nonzero (packed: tsp_tile_pack_cpu), listed once so that the CUDA output-stationary
 ** kernels copy it instead of reading and sorting their rows' map entries on
 ** every call.  steps [R + tiles * W] int32, R = tsp_tile_steps_base(n_rows)
 ** (n_rows rounded up to a multiple of 4, so that records start 16-byte
@@ -329,8 +329,8 @@ tsp_status tsp_mask_order_cpu(const int32_t *map, int64_t n_rows, int64_t volume
                               uint64_t offsets, int32_t *order);
 tsp_status tsp_mask_plan_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
                              const int32_t *order, int32_t *plan);
-tsp_status tsp_tile_refine_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
-                               const int32_t *order, int32_t *out);
+tsp_status tsp_tile_pack_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
+                             const int32_t *order, int32_t *out);
 tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
                               const int32_t *order, int refine, int32_t *steps);
 

@@ -19,11 +19,11 @@ plain torch:
   sites.  Differentiable (autograd of the dense op gives reference gradients).
 - ``gather_conv``: y = sum_k x[nbmap[:, k]] @ w[k] from a reference map.
 - ``gather_wgrad``: dw[k] = sum over present q of x[nbmap[q, k]]^T dy[q].
-- ``tile_refine``: the window refinement of a row order (csrc/torchsp.h and
-  csrc/cpu/tile_refine.c's header: a recursive split on the locally rarest
-  offset in each 1024-entry window), written recursively over Python lists.
+- ``tile_pack``: the tile packing of a row order (csrc/torchsp.h and
+  csrc/cpu/tile_pack.c's header: greedy 128-entry tiles in each 4096-entry
+  window), over Python sets, with exact fractions for the widening rule.
 - ``tile_steps``: the step plan of a map and row order, from csrc/torchsp.h's
-  layout (of the refined order), with a mask of the words that layout specifies.
+  layout (of the packed order), with a mask of the words that layout specifies.
 """
 
 import torch
@@ -94,49 +94,73 @@ def transpose_map(nbmap, n_in):
     return out
 
 
-def tile_refine(nbmap, order, window=1024, leaf=128, depth=16):
-    """int64 [N]: `order` re-sorted within each `window` consecutive entries by a decision
-    tree: a segment of more than `leaf` entries and fewer than `depth` splits deep is split on
-    the offset fewest of its rows have
-    (among those some but not all have; lowest k on ties), rows without it first unless the
-    segment is flipped; the first part keeps the flip, the second flips; a segment whose rows
-    all agree stays.  Entries outside [0, N) are rows without offsets and keep their value."""
+def tile_pack(nbmap, order, window=4096, tile=128):
+    """int64 [N]: `order` packed within each `window` consecutive entries (csrc/torchsp.h and
+    csrc/cpu/tile_pack.c's header): runs of consecutive entries with equal masks; `tile`-entry
+    tiles, each seeded with the run of most entries left (then larger popcount, lower run),
+    which gives first, then filled with the runs whose masks lie inside the tile's union by
+    decreasing popcount then run, the union widened by the run of least extra offsets per entry it can give (exact
+    fractions here; ties: lower run) until full; a tile lists its entries run by run.  Entries
+    outside [0, N) are rows without offsets and keep their value."""
+    from fractions import Fraction
     nbmap, order = nbmap.long().cpu(), order.long().cpu()
     n, v = nbmap.shape
     has = (nbmap >= 0).tolist()
     entries = order.tolist()
 
-    def offsets_of(r):
-        return has[r] if 0 <= r < n else [False] * v
-
-    def split(seg, flip, d):
-        if len(seg) <= leaf or d >= depth:
-            return seg
-        counts = [sum(offsets_of(r)[k] for r in seg) for k in range(v)]
-        cand = [k for k in range(v) if 0 < counts[k] < len(seg)]
-        if not cand:
-            return seg
-        k = min(cand, key=lambda j: (counts[j], j))
-        without = [r for r in seg if not offsets_of(r)[k]]
-        with_k = [r for r in seg if offsets_of(r)[k]]
-        first, second = (with_k, without) if flip else (without, with_k)
-        return split(first, flip, d + 1) + split(second, not flip, d + 1)
+    def mask_of(r):
+        return frozenset(k for k in range(v) if has[r][k]) if 0 <= r < n else frozenset()
 
     out = []
     for w in range(0, n, window):
-        out += split(entries[w:w + window], False, 0)
+        ents = entries[w:w + window]
+        runs = []  # [mask, entries, next index]
+        for e in ents:
+            m = mask_of(e)
+            if runs and runs[-1][0] == m:
+                runs[-1][1].append(e)
+            else:
+                runs.append([m, [e], 0])
+        left_total = len(ents)
+        while left_total:
+            size = min(tile, left_total)
+            alive = [i for i, r in enumerate(runs) if r[2] < len(r[1])]
+            seed = min(alive, key=lambda i: (-(len(runs[i][1]) - runs[i][2]), -len(runs[i][0]), i))
+            union = set(runs[seed][0])
+            give = {seed: min(size, len(runs[seed][1]) - runs[seed][2])}  # the seed gives first
+            need = size - give[seed]
+            while need:
+                avail = {i: len(runs[i][1]) - runs[i][2] - give.get(i, 0) for i in range(len(runs))}
+                for i in sorted((i for i in avail if avail[i] > 0 and runs[i][0] <= union),
+                                key=lambda i: (-len(runs[i][0]), i)):
+                    take = min(avail[i], need)
+                    give[i] = give.get(i, 0) + take
+                    need -= take
+                    if need == 0:
+                        break
+                if need == 0:
+                    break
+                avail = {i: len(runs[i][1]) - runs[i][2] - give.get(i, 0) for i in range(len(runs))}
+                best = min((i for i in avail if avail[i] > 0),
+                           key=lambda i: (Fraction(len(runs[i][0] - union), min(avail[i], need)), i))
+                union |= runs[best][0]
+            for i in sorted(give):
+                r = runs[i]
+                out += r[1][r[2]:r[2] + give[i]]
+                r[2] += give[i]
+            left_total -= size
     return torch.tensor(out, dtype=torch.int64)
 
 
 def tile_steps(nbmap, order, tile=128, refine=True):
-    """int64 [R + T * W], csrc/torchsp.h's step plan: the order, refined (tile_refine) unless
+    """int64 [R + T * W], csrc/torchsp.h's step plan: the order, packed (tile_pack) unless
     refine=False (entries outside [0, N) as -1),
     -1 up to R (N rounded up to a multiple of 4), then per `tile`-row tile of the order its
     record: offset masks of its 16-row groups, the used offsets (then zeros), their count and 3
     zeros, its rows, zeros to a multiple of 4 words, one column of `tile` map entries per used
     offset (-1 absent), then -1 up to V columns; after the records, the schedule: tile indices
     by decreasing count, ties by decreasing index (refine; else -1 words: no schedule)."""
-    nbmap, order = nbmap.long().cpu(), tile_refine(nbmap, order) if refine else order.long().cpu()
+    nbmap, order = nbmap.long().cpu(), tile_pack(nbmap, order) if refine else order.long().cpu()
     n, v = nbmap.shape
     tiles = (n + tile - 1) // tile
     head = (2 * v + 4 + tile + 3) // 4 * 4

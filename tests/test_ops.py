@@ -8,7 +8,7 @@ import torch
 
 import reference as ref
 import torchsp  # noqa: F401  (loads and registers torch.ops.torchsp)
-from conftest import lidar_crop, poison_cuda_cache, random_coords, randn, rel_err
+from conftest import crop_voxels, lidar_crop, load_lidar, poison_cuda_cache, random_coords, randn, rel_err
 
 ops = torch.ops.torchsp
 K3 = ([3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1])  # kernel, dilation, padding, step
@@ -234,12 +234,12 @@ def test_mask_order_offset_subset(v, device):
     torch.library.opcheck(ops.mask_order.default, (nbmap, sub))
 
 
-@pytest.mark.parametrize("n,v", [(700, 27), (2500, 27), (128, 8), (1, 27), (300, 64), (0, 27)])
+@pytest.mark.parametrize("n,v", [(700, 27), (2500, 27), (20000, 27), (128, 8), (1, 27), (300, 64), (0, 27)])
 def test_tile_steps_matches_reference(n, v, device):
     """tile_steps against the reference layout (reference.tile_steps, written from torchsp.h, of
-    the order reference.tile_refine refines): for the mask order, and for a permutation with
+    the order reference.tile_pack packs): for the mask order, and for a permutation with
     entries outside [0, N) (no row there); absent map entries -1 or -9 come out -1; N not a
-    multiple of 128, one row, none, V = 64, several 1024-row refinement windows (2500)."""
+    multiple of 128, one row, none, V = 64, five 4096-entry packing windows (20000)."""
     nbmap = _mask_map(device, n, v, seed=n + v)
     g = torch.Generator().manual_seed(7 + n)
     perm = torch.randperm(n, generator=g).int()
@@ -256,19 +256,26 @@ def test_tile_steps_matches_reference(n, v, device):
     torch.library.opcheck(ops.tile_steps.default, (nbmap, orders[-1], False))
 
 
-def test_tile_steps_deep_tree(device):
-    """A window whose refinement tree would go deeper than its 16-split limit (every row has one of
-    37 rare offsets, each in ~1/37 of the rows, so each split peels one off): the plan matches the
-    reference, which itself differs from an unlimited tree (so the limit is what is tested)."""
-    n, v = 2100, 40
-    r = torch.arange(n)
-    k = torch.arange(v)
-    present = (k[None, :] == (r * 7 % 37)[:, None]) | (k[None, :] == 38)
-    nbmap = torch.where(present, (r * 13 % n)[:, None], -1).int().to(device)
+def test_tile_pack_real_scan(device):
+    """The packed plan of a real scan's subm 3x3x3 map (lidar_198k at 0.2 m, ~67k rows: 17
+    packing windows, long runs of equal masks) equals the reference's, and its 128-row tiles
+    multiply by fewer offsets than the mask order's: products computed per useful one (the
+    tiles' offset counts x 128 over the map's pairs) below 1.6, where the mask order's are above
+    1.7 (1.55 and 1.75; README, session 32)."""
+    coords = crop_voxels(load_lidar(), lo=(-80.0, -80.0, -5.0), hi=(80.0, 80.0, 5.0), voxel=0.2).to(device)
+    nbmap = ops.kernel_map(coords, coords, *K3, 1, 0)
+    n, v = nbmap.shape
     order = ops.mask_order(nbmap)
-    want = ref.tile_steps(nbmap, order)
-    assert not torch.equal(ref.tile_refine(nbmap, order), ref.tile_refine(nbmap, order, depth=100))
-    assert torch.equal(ops.tile_steps(nbmap, order).cpu().long(), want)
+    fine, plain = ops.tile_steps(nbmap, order), ops.tile_steps(nbmap, order, False)
+    assert torch.equal(fine.cpu().long(), ref.tile_steps(nbmap, order))
+    assert torch.equal(torch.sort(fine[:n]).values.cpu(), torch.arange(n, dtype=torch.int32))
+    tiles, base = (n + 127) // 128, (n + 3) // 4 * 4
+    words = (2 * v + 4 + 128 + 3) // 4 * 4 + 128 * v  # torchsp.h: a tile's record
+    pairs = int((nbmap >= 0).sum())
+
+    def products(plan):
+        return int(plan[base:base + tiles * words].view(tiles, words)[:, 2 * v].sum()) * 128 / pairs
+    assert n > 14 * 4096 and products(fine) < 1.6 < 1.7 < products(plain)  # 1.55 and 1.75 there
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="step plans are built on CUDA only")

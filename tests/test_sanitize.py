@@ -170,6 +170,20 @@ def test_step_plans(tile):
     torch.cuda.synchronize()
 
 
+def test_tile_pack_windows():
+    """The packing of refined step plans (tile_pack.cu) under the sanitizers: five and three
+    4096-entry windows, the last short, V = 27 and V = 64, an order with entries outside [0, N): the same
+    plan as the CPU twin, bitwise."""
+    g = torch.Generator().manual_seed(5)
+    for n, v in ((20000, 27), (9000, 64)):
+        p = torch.rand(v, generator=g) * 0.5
+        nbmap = torch.where(torch.rand(n, v, generator=g) < p, torch.randint(0, n, (n, v), generator=g), -1).int()
+        order = torch.ops.torchsp.mask_order(nbmap) if v < 64 else torch.randperm(n, generator=g).int()
+        order[::97] = -4
+        want = torch.ops.torchsp.tile_steps(nbmap, order)
+        assert torch.equal(torch.ops.torchsp.tile_steps(nbmap.cuda(), order.cuda()).cpu(), want)
+
+
 @pytest.mark.parametrize("tile", [0, 3, 13, 15])
 def test_split_k(tile):
     """Split-K (dataflow 3) under the sanitizers: 40 -> 144 channels, 3 and 7 runs per tile (runs

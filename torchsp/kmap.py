@@ -25,16 +25,18 @@ DEFAULT_METHOD = int(_env_method) if _env_method else None
 _MASK_BITS = 63
 _UNSORTED = object()  # KernelMap: a row order not built yet
 
-# Passes of one direction a CUDA KernelMap serves before its step plan is rebuilt on the refined
-# row order (tile_steps(refine=True)); None: never.  Why not at once: on an H100 the refinement
-# costs ~45-70 us of GPU per plan at 125-300k rows (lidar_198k) and saves 1-20 us of kernel time
-# per pass (README, session 30), so a map that lives for one training step is better served by
-# the plain mask order: MinkUNet, batch 4, maps rebuilt per call, GPU time per step 58.0 ->
-# 58.8 ms with every plan refined, and 58.1 -> 58.8-59.0 with plans refined after 8 passes (its
-# busiest maps serve that many in one step).  A map reused across calls (a cached map, the
-# fixed voxels of a generative decoder's denoising steps, benchmarks) pays for it soon after.
-# Same sums either way, bitwise (each row adds the same products in the same order).
-REFINE_AFTER = 32
+# Passes of one direction a CUDA KernelMap serves before its step plan is rebuilt on the packed
+# row order (tile_steps(refine=True): csrc/cpu/tile_pack.c); None: never.  Why not at once: on an
+# H100 the packing costs 77-580 us of GPU per plan at 125-300k rows (lidar_198k) and saves 1-25
+# us of kernel time per pass against the plain mask order (README, sessions 30 and 32),
+# so a map that lives for one training step is better served by the plain mask order (session
+# 30, with a 45-70 us refinement: MinkUNet, batch 4, maps rebuilt per call, GPU time per step
+# 58.0 -> 58.8 ms with every plan refined).  A map reused across calls (a cached map, the fixed
+# voxels of a generative decoder's denoising steps, benchmarks) pays for it after some 50-150
+# passes; 64 (32 while the refinement cost a tenth of this) waits until a map has shown it
+# lives that long.  Same sums either way, bitwise (each row adds the same products in the same
+# order).
+REFINE_AFTER = 64
 
 
 class KernelMap:
@@ -46,7 +48,7 @@ class KernelMap:
         order, order_t: int32 [N_out] / [N_in] row permutations sorted by neighbour mask
             (see mask_order), or None; CUDA tensor-core tiles walk rows in this order.
             Built here for a CUDA map, each is the step plan (tile_order: the permutation,
-            then each 128-row tile's offsets and map entries), rebuilt on the refined row order
+            then each 128-row tile's offsets and map entries), rebuilt on the packed row order
             once its direction has been read REFINE_AFTER times (refined_plan).
             With sort_rows=True each is built on first read: order_t serves dgrad only, and
             a forward without gradients never reads it (sorting costs ~70 us of host time and
@@ -134,14 +136,15 @@ def tile_order(nbmap):
 
     The step plan, int32 [R + T * W + T] (T = ceil(N / 128) tiles, R = N rounded up to a
     multiple of 4, W = 4 * ceil((2 V + 132) / 4) + 128 V words, csrc/torchsp.h), is the mask
-    order [N] (refined within windows of 1024 rows when REFINE_AFTER is 0; KernelMap refines
+    order [N] (packed within windows of 4096 rows when REFINE_AFTER is 0; KernelMap refines
     it after REFINE_AFTER passes, refined_plan) padded with -1 to R entries, then for each
     128-row tile of it the offsets its rows use, a mask of the 16-row groups using each, its
     output rows and, per used offset, the rows' map entries, then the tiles by decreasing offset
-    count (the order the ping-pong kernel takes them in).  The refinement re-sorts each window
-    by a decision tree on the offsets rarest among its own rows (csrc/cpu/tile_refine.c), so
-    tiles use fewer offsets: on lidar_198k the products computed per useful one fall from 1.89
-    to 1.73 (subm 3x3x3 at 0.05 m), 1.94 to 1.78 (0.1 m) and 2.66 to 2.07 (stride-2 K = 3).
+    count (the order the ping-pong kernel takes them in).  The packing builds each window's
+    tiles greedily: seeded with the mask most rows left have, filled with rows whose masks lie
+    inside the tile's offsets (csrc/cpu/tile_pack.c), so tiles use fewer offsets: on lidar_198k
+    the products computed per useful one fall from 1.89 to 1.63 (subm 3x3x3 at 0.05 m), 1.94 to
+    1.69 (0.1 m) and 2.66 to 1.90 (stride-2 K = 3).
     The conv ops take it, with this map, wherever they take an unsegmented order (the CUDA
     kernels read the map entries from the plan, not from nbmap); the CUDA kernels with 128-row
     tiles then copy each tile's record instead of reading and sorting V map entries per row on

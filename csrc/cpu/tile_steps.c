@@ -4,7 +4,7 @@
 ** kernels take no plan; this exists so the op behaves the same on both
 ** devices and the CUDA plan has a reference written independently of the
 ** CUDA kernels' first phase (conv_tile.cuh).  With `refine` the order is
-** refined first (tile_refine.c) and the plan lists the refined one.
+** packed first (tile_pack.c) and the plan lists the packed one.
 */
 #include <string.h>
 
@@ -20,7 +20,7 @@ tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume
   const int64_t head = tsp_tile_steps_head(volume), words = tsp_tile_steps_words(volume);
   /* the (refined) order, then its entries checked in place (rows below read them) */
   if (refine) {
-    tsp_status s = tsp_tile_refine_cpu(map, n_rows, volume, order, steps);
+    tsp_status s = tsp_tile_pack_cpu(map, n_rows, volume, order, steps);
     if (s != TSP_OK) return s;
   } else {
     memcpy(steps, order, (size_t)n_rows * sizeof(int32_t));

@@ -157,12 +157,11 @@ tsp_status tsp_conv_simple_wgrad(const tsp_conv_problem *p, const void *x, const
 tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int64_t chunks,
                                     int64_t count, void *dw, cudaStream_t stream);
 
-/* tile_refine.cu, for tile_steps.cu: the window refinement of `order`
-** (torchsp.h, tsp_tile_refine_cpu's result) into out[0, n_rows), entries
-** outside [0, n_rows) written -1, and -1 in out[n_rows, pad_to); depth:
-** TSP_REFINE_DEPTH (the levels of the tree). */
-tsp_status tsp_tile_refine_launch(const int32_t *map, int64_t n_rows, int64_t volume, const int32_t *order,
-                                  int32_t *out, int depth, int64_t pad_to, cudaStream_t stream);
+/* tile_pack.cu, for tile_steps.cu: the tile packing of `order` (torchsp.h,
+** tsp_tile_pack_cpu's result) into out[0, n_rows), entries outside
+** [0, n_rows) written -1, and -1 in out[n_rows, pad_to). */
+tsp_status tsp_tile_pack_launch(const int32_t *map, int64_t n_rows, int64_t volume, const int32_t *order,
+                                int32_t *out, int64_t pad_to, cudaStream_t stream);
 
 /* Tensor-core paths: fp16/bf16, red and n multiples of 8, 16-byte aligned
 ** operands, volume <= TSP_IGEMM_MAX_VOLUME.  Return TSP_ERR_UNSUPPORTED when

@@ -6,7 +6,7 @@
 ** map entries (the used offsets' only, column by column) instead of reading
 ** and sorting V map entries per row on every call.
 **
-** With refine: first the order is refined (tile_refine.cu), written checked
+** With refine: first the order is packed (tile_pack.cu), written checked
 ** into the plan's order part; then one block per tile of it runs tsp_tile_offsets,
 ** the code the kernels run without a plan (same masks, same offset list),
 ** and stores the tile's record; a plan and the kernels' own first phase
@@ -141,7 +141,7 @@ tsp_status tsp_tile_steps_cuda(const int32_t *map, int64_t n_rows, int64_t volum
         map, order, n_rows, (int)volume, steps + base, 1, steps, base, sched);
     return tsp_cuda_check_launch("tsp_tile_steps_cuda");
   }
-  s = tsp_tile_refine_launch(map, n_rows, volume, order, steps, TSP_REFINE_DEPTH, base, (cudaStream_t)stream);
+  s = tsp_tile_pack_launch(map, n_rows, volume, order, steps, base, (cudaStream_t)stream);
   if (s != TSP_OK) return s;
   tile_steps_kernel<<<(unsigned)tiles, STEPS_THREADS, smem, (cudaStream_t)stream>>>(
       map, steps, n_rows, (int)volume, steps + base, 0, nullptr, base, nullptr);
