@@ -258,7 +258,8 @@ __global__ void __launch_bounds__(PACK_THREADS, 1)
           fill[1] = before;
           fill[2] = pstar < 0 ? need - t2 : 0;
         }
-        bucket[64 - lane] = 0; /* every lane has read its counts (the shuffles above) */
+        __syncwarp(); /* every lane's reads of the counts before any lane clears them */
+        bucket[64 - lane] = 0;
         bucket[32 - lane] = 0;
         if (lane == 0) bucket[0] = 0;
       }
