@@ -478,8 +478,9 @@ tsp_status tsp_ggs_reduce_cuda(const int32_t *where, int64_t rows, int64_t volum
 ** algo.tile == TSP_TILE_TF32), float16, bfloat16, fp32 accumulation.  Map
 ** entries outside their valid range are treated as -1. */
 size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob);
-/* wgrad's workspace (tsp_conv_cuda_workspace covers every pass but wgrad's
-** dataflow 1, whose pair list it holds). */
+/* wgrad's workspace: tsp_conv_cuda_workspace serves forward and dgrad only;
+** this adds wgrad's row-chunk partials and the pieces of its tensor-core
+** kernels. */
 size_t tsp_conv_cuda_wgrad_workspace(const tsp_conv_problem *prob);
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
                              const int32_t *nbmap, void *y, void *workspace,

@@ -259,20 +259,25 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
 
 /* The shim asks once per pass with that pass's problem: the size covers
 ** forward (segs), dgrad (segs_t) and wgrad's fp32 partials, whichever is set. */
+/* Forward and dgrad: the output-stationary passes' weight images, tile counters and fp32
+** partials only.  Why not wgrad's row-chunk partials too (as before 2026-11-26): a forward
+** then allocated chunks * V * Cin * Cout floats it never touched, an allocator call on every
+** forward (C = 32 at 0.05 m) and 7 MB per chunk at C = 256. */
 size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
   size_t bytes = os_workspace(prob, prob->n_out, prob->c_in, prob->c_out, prob->segs, prob->n_segs);
   const size_t dgrad = os_workspace(prob, prob->n_in, prob->c_out, prob->c_in, prob->segs_t, prob->n_segs_t);
-  if (dgrad > bytes) bytes = dgrad;
-  const int64_t chunks = tsp_wgrad_chunks(prob);
-  if (chunks <= 1) return bytes;
-  const size_t partials = (size_t)chunks * (size_t)(prob->volume * prob->c_in * prob->c_out) * sizeof(float);
-  return partials > bytes ? partials : bytes;
+  return dgrad > bytes ? dgrad : bytes;
 }
 
 size_t tsp_conv_cuda_wgrad_workspace(const tsp_conv_problem *prob) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
-  const size_t bytes = tsp_conv_cuda_workspace(prob);
+  size_t bytes = tsp_conv_cuda_workspace(prob);
+  const int64_t chunks = tsp_wgrad_chunks(prob);
+  if (chunks > 1) {
+    const size_t partials = (size_t)chunks * (size_t)(prob->volume * prob->c_in * prob->c_out) * sizeof(float);
+    if (partials > bytes) bytes = partials;
+  }
   const tsp_conv_problem r = resolve_wgrad(prob);
   const size_t pieces = tsp_conv_wgmma_wgrad_workspace(&r, r.algo.tile);
   return pieces > bytes ? pieces : bytes;

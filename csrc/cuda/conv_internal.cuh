@@ -2,7 +2,7 @@
 ** conv_internal.cuh: what the convolution files (conv.cu, conv_simple.cu,
 ** conv_implicit_gemm.cu, conv_tf32.cu, conv_wgrad.cu) share: the launchers each kernel file
 ** exports to conv.cu's dispatch, the element conversions, and the wgrad
-** row-chunking rule that tsp_conv_cuda_workspace and every wgrad kernel must
+** row-chunking rule that tsp_conv_cuda_wgrad_workspace and every wgrad kernel must
 ** agree on.
 **
 ** Naming inside these files: a "gathered" operand is the one whose rows come
