@@ -27,7 +27,7 @@ _UNSORTED = object()  # KernelMap: a row order not built yet
 
 # Passes of one direction a CUDA KernelMap serves before its step plan is rebuilt on the packed
 # row order (tile_steps(refine=True): csrc/cpu/tile_pack.c); None: never.  Why not at once: on an
-# H100 the packing costs 77-580 us of GPU per plan at 125-300k rows (lidar_198k) and saves 1-25
+# H100 the packing costs 77-561 us of GPU per plan at 125-300k rows (lidar_198k) and saves 1-25
 # us of kernel time per pass against the plain mask order (README, sessions 30 and 32),
 # so a map that lives for one training step is better served by the plain mask order (session
 # 30, with a 45-70 us refinement: MinkUNet, batch 4, maps rebuilt per call, GPU time per step

@@ -19,7 +19,7 @@
 **   - write: a block scan of the runs' counts places each run's entries, and
 **     each warp copies its lanes' runs one at a time, 32 entries a step.
 ** The windows run in parallel; the tiles of a window one after the other.
-** H100, lidar_198k's maps (31-43 windows): 77-580 us a plan, against 44-56 us
+** H100, lidar_198k's maps (31-75 windows): 77-561 us a plan, against 44-56 us
 ** for the decision tree this replaced (tile_refine.cu, session 30): bound by
 ** the ~400 passes of the busiest windows (thousands of one-entry runs, up to
 ** eleven widenings a tile).  8192-entry windows packed 1-2% better (1.663
