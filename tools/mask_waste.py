@@ -5,16 +5,16 @@ Why: an output-stationary tile of M consecutive rows (in mask order) multiplies 
 every offset that any of its rows has, so it computes M * |union of the tile's offsets| row
 products where the rows own only their pairs.  On lidar_198k that ratio is ~1.8 at 64-row
 tiles (0.1 m and 0.05 m), and no tile size or global sort key has taken it much lower (the
-windowed refinement of the step plans, below, is the first to); it is the main gap between the
+windowed packing of the step plans, below, is the first to); it is the main gap between the
 H100 kernels' ~50-80% of peak on computed MACs and the floor.
 
 This tool measures the ratio for the mask order (torchsp.kmap.mask_order), for the order a
 CUDA map's step plan walks (the mask order packed into tiles within 4096-row windows:
 torch.ops.torchsp.tile_steps, whose CPU twin gives the same plan; since session 32 it takes
 lidar_198k from 1.89 to 1.63 at 0.05 m and 1.94 to 1.69 at 0.1 m, 128-row tiles; session 30's
-decision tree reached 1.73 and 1.78), and for a *density split*: the
-offsets present in at least a fraction d of the rows form one segment over all rows, the rarer ones a second segment over only the rows
-that have any of them, each segment mask-sorted by its own offsets.  The second segment's sums
+decision tree reached 1.73 and 1.78), and for a *density split*: the offsets present in at
+least a fraction d of the rows form one segment over all rows, the rarer ones a second segment
+over only the rows that have any of them, each segment mask-sorted by its own offsets.  The second segment's sums
 are added to the first's output: its rows' fp16 read-add-write (bytes printed) is the price.
 No kernel runs; this only counts tiles.  That split is now dataflow 5 (torchsp/plan.py), and on
 the H100 it is slower than the plain pass despite the products it saves (README: a tile's fixed
@@ -105,7 +105,7 @@ def main():
         if v <= 64:
             steps = torch.ops.torchsp.tile_steps(nbmap, mask_order(nbmap))[:n].long().numpy()
             fine = tile_products(mask, steps[steps >= 0], np.ones(v, bool), args.tile)
-            print(f"one segment, the step plan's refined order: computed {fine / pairs:.3f} x pairs "
+            print(f"one segment, the step plan's packed order: computed {fine / pairs:.3f} x pairs "
                   f"(useful share {pairs / fine:.3f})")
         density = mask.mean(0)
         print("offset densities (fraction of rows): " + " ".join(f"{d:.3f}" for d in np.sort(density)[::-1]))

@@ -152,8 +152,8 @@ def tile_order(nbmap):
     large as the tile plan (mask_order's with_map) that CUDA maps carried before, and is built
     once per map and pass.
     torch.ops.torchsp.tile_steps: C (CPU) or, on CUDA, a block per tile (refine=False: one
-    launch); refine=True adds a block per refinement window before and one block for the
-    schedule after.
+    launch); refine=True adds a block per 4096-row packing window before and one block for
+    the schedule after.
     """
     order = mask_order(nbmap)
     if order is None or not nbmap.is_cuda:
