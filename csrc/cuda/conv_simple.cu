@@ -154,73 +154,67 @@ tsp_status tsp_conv_simple_wgrad(const tsp_conv_problem *p, const void *x, const
   }
 }
 
-/* Fixed-order sum over chunks: the same bits on every run. */
-template <typename T>
+/* Fixed-order sum over chunks: the same bits on every run.  W elements a
+** thread, n = count / W groups of them.  W = 4: 16-byte loads of each chunk,
+** and the four results stored as two pairs (partials 16-byte and dw 2-element
+** aligned).  Why: one thread per element moved 4 bytes per load and per store;
+** split-K's slabs (C = 256 at 0.8 m, two of 10600 x 256 fp32) took ~14 us this
+** way on an H100, against ~9 for their bytes at 3 TB/s. */
+template <typename T, int W>
 __global__ void __launch_bounds__(REDUCE_THREADS)
-    reduce_partials_kernel(const float *__restrict__ partials, int64_t chunks, int64_t count,
+    reduce_partials_kernel(const float *__restrict__ partials, int64_t chunks, int64_t n,
                            T *__restrict__ dw) {
-  for (int64_t e = (int64_t)blockIdx.x * REDUCE_THREADS + threadIdx.x; e < count;
+  static_assert(W == 1 || W == 4, "scalar or float4");
+  for (int64_t e = (int64_t)blockIdx.x * REDUCE_THREADS + threadIdx.x; e < n;
        e += (int64_t)gridDim.x * REDUCE_THREADS) {
-    float acc = 0.0f;
-    for (int64_t c = 0; c < chunks; ++c) acc += partials[c * count + e];
-    dw[e] = tsp_from_float<T>(acc);
+    float acc[W] = {}; /* from +0 at either width: the same bits */
+    for (int64_t c = 0; c < chunks; ++c) {
+      if constexpr (W == 4) {
+        const float4 v = ((const float4 *)partials)[c * n + e];
+        acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
+      } else {
+        acc[0] += partials[c * n + e];
+      }
+    }
+    if constexpr (W == 4) {
+      tsp_store2(dw + 4 * e, acc[0], acc[1]);
+      tsp_store2(dw + 4 * e + 2, acc[2], acc[3]);
+    } else {
+      dw[e] = tsp_from_float<T>(acc[0]);
+    }
   }
 }
 
-/* The same sum four elements at a time: 16-byte loads of each chunk, and the
-** four results stored as two pairs.  count4 = count / 4; partials 16-byte and
-** dw 2-element aligned.  Why: one thread per element moved 4 bytes per load
-** and per store; split-K's slabs (C = 256 at 0.8 m, two of 10600 x 256 fp32)
-** took ~14 us this way on an H100, against ~9 for their bytes at 3 TB/s. */
-template <typename T>
-__global__ void __launch_bounds__(REDUCE_THREADS)
-    reduce_partials4_kernel(const float4 *__restrict__ partials, int64_t chunks, int64_t count4,
-                            T *__restrict__ dw) {
-  for (int64_t e = (int64_t)blockIdx.x * REDUCE_THREADS + threadIdx.x; e < count4;
-       e += (int64_t)gridDim.x * REDUCE_THREADS) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* from +0, as the scalar kernel: same bits */
-    for (int64_t c = 0; c < chunks; ++c) {
-      const float4 v = partials[c * count4 + e];
-      acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
-    }
-    tsp_store2(dw + 4 * e, acc.x, acc.y);
-    tsp_store2(dw + 4 * e + 2, acc.z, acc.w);
+template <int W>
+static tsp_status launch_reduce_partials(tsp_dtype dtype, const float *partials, int64_t chunks,
+                                         int64_t count, void *dw, cudaStream_t stream) {
+  const unsigned blocks = tsp_grid_blocks(count / W, REDUCE_THREADS);
+  switch (dtype) {
+  case TSP_FLOAT32:
+    reduce_partials_kernel<float, W><<<blocks, REDUCE_THREADS, 0, stream>>>(partials, chunks, count / W,
+                                                                            (float *)dw);
+    break;
+  case TSP_FLOAT16:
+    reduce_partials_kernel<__half, W><<<blocks, REDUCE_THREADS, 0, stream>>>(partials, chunks, count / W,
+                                                                             (__half *)dw);
+    break;
+  case TSP_BFLOAT16:
+    reduce_partials_kernel<__nv_bfloat16, W><<<blocks, REDUCE_THREADS, 0, stream>>>(
+        partials, chunks, count / W, (__nv_bfloat16 *)dw);
+    break;
+  default:
+    return TSP_ERR_UNSUPPORTED;
   }
+  return tsp_cuda_check_launch("tsp_conv_reduce_partials");
 }
 
 tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int64_t chunks,
                                     int64_t count, void *dw, cudaStream_t stream) {
   if (count <= 0) return TSP_OK;
   const size_t pair_bytes = dtype == TSP_FLOAT32 ? 8 : 4;
+  /* four at a time only where count is a multiple of 4 and both ends aligned; else all scalar */
   if (chunks >= 1 && count % 4 == 0 && (uintptr_t)partials % 16 == 0 && (uintptr_t)dw % pair_bytes == 0 &&
-      (dtype == TSP_FLOAT32 || dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16)) {
-    const unsigned blocks4 = tsp_grid_blocks(count / 4, REDUCE_THREADS);
-    const float4 *p4 = (const float4 *)partials;
-    if (dtype == TSP_FLOAT32)
-      reduce_partials4_kernel<float><<<blocks4, REDUCE_THREADS, 0, stream>>>(p4, chunks, count / 4, (float *)dw);
-    else if (dtype == TSP_FLOAT16)
-      reduce_partials4_kernel<__half><<<blocks4, REDUCE_THREADS, 0, stream>>>(p4, chunks, count / 4, (__half *)dw);
-    else
-      reduce_partials4_kernel<__nv_bfloat16><<<blocks4, REDUCE_THREADS, 0, stream>>>(p4, chunks, count / 4,
-                                                                                      (__nv_bfloat16 *)dw);
-    return tsp_cuda_check_launch("tsp_conv_reduce_partials");
-  }
-  const unsigned blocks = tsp_grid_blocks(count, REDUCE_THREADS);
-  switch (dtype) {
-  case TSP_FLOAT32:
-    reduce_partials_kernel<float><<<blocks, REDUCE_THREADS, 0, stream>>>(partials, chunks, count,
-                                                                         (float *)dw);
-    break;
-  case TSP_FLOAT16:
-    reduce_partials_kernel<__half><<<blocks, REDUCE_THREADS, 0, stream>>>(partials, chunks, count,
-                                                                          (__half *)dw);
-    break;
-  case TSP_BFLOAT16:
-    reduce_partials_kernel<__nv_bfloat16><<<blocks, REDUCE_THREADS, 0, stream>>>(
-        partials, chunks, count, (__nv_bfloat16 *)dw);
-    break;
-  default:
-    return TSP_ERR_UNSUPPORTED;
-  }
-  return tsp_cuda_check_launch("tsp_conv_reduce_partials");
+      (dtype == TSP_FLOAT32 || dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16))
+    return launch_reduce_partials<4>(dtype, partials, chunks, count, dw, stream);
+  return launch_reduce_partials<1>(dtype, partials, chunks, count, dw, stream);
 }

@@ -34,25 +34,36 @@ static_assert(TSP_PACK_WINDOW % PACK_THREADS == 0 && TSP_PACK_WINDOW % TSP_PACK_
               "whole tiles and threads per window");
 static_assert(TSP_PACK_WINDOW <= 8192, "run indices and entries left fit 13 and 14 bits of the keys");
 
-/* Exclusive prefix of v over the block's threads in thread order; *total gets the sum.
-** Two barriers; every thread calls it. */
-static __device__ __forceinline__ int pack_scan(int v, int32_t *wsum, int *total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
+/* Inclusive prefix sum of x over the warp's lanes in lane order: five shuffles, no shared memory. */
+static __device__ __forceinline__ int warp_scan(int x, int lane) {
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const int y = __shfl_up_sync(0xffffffffu, x, o);
     if (lane >= o) x += y;
   }
+  return x;
+}
+
+/* The warp's maximum (MAX) or minimum of k; a butterfly, so every lane gets it. */
+template <bool MAX>
+static __device__ __forceinline__ uint64_t warp_reduce(uint64_t k) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t y = __shfl_xor_sync(0xffffffffu, k, o);
+    k = MAX ? (y > k ? y : k) : (y < k ? y : k);
+  }
+  return k;
+}
+
+/* Exclusive prefix of v over the block's threads in thread order; *total gets the sum.
+** Two barriers; every thread calls it. */
+static __device__ __forceinline__ int pack_scan(int v, int32_t *wsum, int *total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int x = warp_scan(v, lane);
   if (lane == 31) wsum[warp] = x;
   __syncthreads();
   const int w = wsum[lane]; /* every warp scans the 32 warp sums itself */
-  int s = w;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, s, o);
-    if (lane >= o) s += y;
-  }
+  const int s = warp_scan(w, lane);
   const int before = __shfl_sync(0xffffffffu, s - w, warp);
   *total = __shfl_sync(0xffffffffu, s, 31);
   __syncthreads(); /* wsum is free again */
@@ -63,33 +74,15 @@ static __device__ __forceinline__ int pack_scan(int v, int32_t *wsum, int *total
 static __device__ __forceinline__ int pack_scan_max(int v, uint64_t k, int32_t *wsum, uint64_t *wkey,
                                                     uint64_t *kmax) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t y = __shfl_xor_sync(0xffffffffu, k, o);
-    k = y > k ? y : k;
-  }
+  const int x = warp_scan(v, lane);
+  k = warp_reduce<true>(k);
   if (lane == 31) wsum[warp] = x;
   if (lane == 0) wkey[warp] = k;
   __syncthreads();
   const int w = wsum[lane];
-  int s = w;
   k = wkey[lane];
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, s, o);
-    if (lane >= o) s += y;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t y = __shfl_xor_sync(0xffffffffu, k, o);
-    k = y > k ? y : k;
-  }
+  const int s = warp_scan(w, lane);
+  k = warp_reduce<true>(k);
   const int before = __shfl_sync(0xffffffffu, s - w, warp);
   *kmax = k;
   __syncthreads(); /* wsum and wkey are free again */
@@ -115,19 +108,10 @@ static __device__ __forceinline__ uint64_t pack_seed_key(const int (&st)[PER], c
 template <bool MAX>
 static __device__ __forceinline__ uint64_t pack_reduce(uint64_t k, uint64_t *wkey) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t y = __shfl_xor_sync(0xffffffffu, k, o);
-    k = MAX ? (y > k ? y : k) : (y < k ? y : k);
-  }
+  k = warp_reduce<MAX>(k);
   if (lane == 0) wkey[warp] = k;
   __syncthreads();
-  k = wkey[lane];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const uint64_t y = __shfl_xor_sync(0xffffffffu, k, o);
-    k = MAX ? (y > k ? y : k) : (y < k ? y : k);
-  }
+  k = warp_reduce<MAX>(wkey[lane]);
   __syncthreads(); /* wkey is free again */
   return k;
 }
