@@ -162,9 +162,9 @@ def test_export_jit_script(tmp_path):
 def test_cuda_graph_capture(tile, cin, cout):
     """A layer's forward, dgrad and wgrad launches (map cached) are capturable in a CUDA graph:
     no host sync, current stream only, workspace from the caching allocator.  Replaying the graph
-    on new input values matches eager calls and the fp64 gather reference.  Tiles 15 and 16 (sm_90a)
-    launch their main kernel as a programmatic dependent of the weight image kernel, which a graph
-    keeps as a programmatic edge where runtime and driver can (12.3+)."""
+    on new input values and new weights (written in place, as an optimizer step does) matches eager
+    calls and the fp64 gather reference.  Tiles 15 and 16 (sm_90a) read w through a tensor map
+    made at capture, which holds w's address, not its values."""
     coords = random_coords(3000, span=14, batches=2, seed=21).cuda()
     x0 = torchsp.SparseTensor(randn(coords.shape[0], cin, dtype=torch.float16, device="cuda", seed=1), coords)
     km = torchsp.kmap.get_kernel_map(x0, 3)[0]
@@ -190,6 +190,7 @@ def test_cuda_graph_capture(tile, cin, cout):
         outs = step()
     x.copy_(randn(coords.shape[0], cin, dtype=torch.float16, device="cuda", seed=4))
     dy.copy_(randn(coords.shape[0], cout, dtype=torch.float16, device="cuda", seed=5))
+    w.copy_(randn(27, cin, cout, dtype=torch.float16, device="cuda", seed=6, scale=0.1))
     graph.replay()
     torch.cuda.synchronize()
     eager = step()

@@ -261,8 +261,9 @@ def test_ws_tiles_whole_scan(cin, cout):
     tile counter that hands a persistent grid its tiles, every consumer warp arriving on each stage
     it leaves; the ping-pong tiles' consumer warpgroups taking turns, each on its own tiles, tile 16
     above 128 produced channels and tile 17 above 64 in column tiles of 128 and 64, partial at
-    Cout = 136; the weight image in 16-byte pieces) on the whole sweep at 0.2 m (67k voxels, 525
-    row tiles, more than the 132 SMs).
+    Cout = 136, whose weight boxes (tensor-map copies of w) reach past Cin = 72 and Cout = 136 and
+    arrive zero-filled) on the whole sweep at 0.2 m (67k voxels, 525 row tiles, more than the 132
+    SMs: the blocks take tiles from the counter).
     Forward and dgrad, as a plain pass, as segmented passes (mask splits S = 2 add partial
     sums; hybrid t = 1) and split-K (S = 3: three runs per tile in the counter's order), against
     the fp64 gather reference, and bitwise equal run to run.
@@ -283,15 +284,17 @@ def test_ws_tiles_whole_scan(cin, cout):
 
 
 @needs_cuda
-@pytest.mark.parametrize("voxel,c,tile", [(0.4, 128, 16), (0.8, 128, 17), (0.8, 256, 16)])
+@pytest.mark.parametrize("voxel,c,tile", [(0.4, 128, 16), (0.8, 128, 17), (0.8, 256, 16), (0.8, 128, 15),
+                                          (0.8, 256, 14)])
 def test_pingpong_refined_plan_few_tiles(voxel, c, tile):
     """The ping-pong tiles on a refined step plan (a schedule, longest tiles first) of a pass with
     more tiles than the persistent grid's G blocks but fewer than 2 G (on a 132-SM H100: the whole
     sweep at 0.4 m, 218 row tiles; at 0.8 m, 83 row tiles in two 64- or 128-column tiles), where
     each block takes schedule positions b and 2 G - 1 - b first (csrc/cuda/conv_wgmma_ws.cu,
-    `snake`): forward and dgrad against the fp64 gather reference into NaN-poisoned memory, and
-    bitwise equal to the plain plan and the bare mask order (the same products per row, in the
-    same order)."""
+    `snake`), and tiles 14 and 15 with one tile per block (83 row tiles): such passes never read
+    the tile counter, and nothing zeroes it (`counted`).  Forward and dgrad against the fp64
+    gather reference into NaN-poisoned memory, and bitwise equal to the plain plan and the bare
+    mask order (the same products per row, in the same order)."""
     coords = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=voxel).cuda()
     dtype = torch.float16
     x = torchsp.SparseTensor(randn(coords.shape[0], c, dtype=dtype, device="cuda", seed=1), coords)
@@ -320,13 +323,12 @@ def test_pingpong_refined_plan_few_tiles(voxel, c, tile):
 
 
 @needs_cuda
-def test_ws_tiles_more_launches_than_counters():
-    """Tiles 14-17 take their tiles from a counter the weight image kernel zeroes, one per
-    main launch of a pass, 64 of them (csrc/cuda/conv.cu WS_COUNTERS); launches beyond the 64th
-    share the last counter and zero it with a memset first.  81 segments (each offset alone, over
-    each third of the mask-ordered rows: every (row, offset) pair summed once), so ~80 launches
-    per pass, each of ~175 row tiles, more than the persistent grid's blocks, so the counter hands
-    out tiles.  Whole sweep at 0.2 m (67k voxels), forward and dgrad against the fp64 gather
+def test_ws_tiles_many_launches():
+    """Tiles 14-17 take their tiles from a counter, one per pass in its workspace, which each
+    launch that reads it zeroes first (csrc/cuda/conv_wgmma_ws.cu launch_ws; before 2026-11-26 the
+    weight image kernel zeroed 64 of them).  81 segments (each offset alone, over each third of
+    the mask-ordered rows: every (row, offset) pair summed once), so ~80 launches per pass, each
+    of ~175 row tiles, more than the persistent grid's blocks, so the counter hands out tiles.  Whole sweep at 0.2 m (67k voxels), forward and dgrad against the fp64 gather
     reference: a counter left at a previous launch's count would skip that launch's tiles
     (poisoned rows), a shared one race."""
     c = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2).cuda()
@@ -383,7 +385,7 @@ def test_wgrad_offset_groups_whole_scan(cin, cout, tile):
                                                           for t in (0, 3, 12, 13, 15)])
 def test_misaligned_operands(device, tile):
     """feats and weight as contiguous views 2 bytes past a 16-byte boundary: the tensor-core
-    kernels that need 16-byte aligned operands (wgmma's weight copy, tile 15's weight image) must
+    kernels that need 16-byte aligned operands (wgmma's weight copy, tile 15's tensor map of w) must
     hand the call to a kernel that takes it, with the same result as the fp64 reference (the CPU
     case: the same views through the CPU kernels)."""
     c = lidar_crop().to(device)

@@ -158,7 +158,7 @@ static int fast_dtype(tsp_dtype dtype) {
 ** tile 15, 102 for tile 15 at two blocks per SM, 126 for 12, 139 mma.sync;
 ** tile 16's main kernel beat it, 65.3 / 65.2 against 66.9 / 67.9, but its
 ** op call lost, 71.6 / 73.4 against 69.6 / 69.3: tile 13 reads w as it is,
-** tile 16 first writes the weight image; with both epilogues staged, main
+** tile 16 first wrote a weight image then (none since 2026-11-26); with both epilogues staged, main
 ** kernel, 2026-11-25: C = 64 fwd 64.3 against 61.4, down3 C = 64 93.2
 ** against 83.8, before tile 13 went to three blocks per SM);
 ** else mma.sync, which stays faster at C = 32 (56 vs 107 for tile 15, 114
@@ -214,9 +214,9 @@ static int tf32_asked(tsp_dtype dtype, int tile) {
 
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-/* Tile counters of tiles 14-17 in the 256 bytes after the weight image:
-** one per main launch of a pass (segments), the image kernel zeroes them. */
-enum { WS_COUNTERS = 256 / sizeof(int32_t) };
+/* Workspace of tiles 14-17: their tile counter (launch_ws zeroes it where the
+** blocks read it; a segmented pass's launches take turns with it, in stream order). */
+enum { WS_COUNTER_BYTES = 256 };
 
 /* Split-K's runs per tile (TSP_DATAFLOW_SPLIT_K, the shim checks 2 .. TSP_SPLIT_K_MAX); 1: none. */
 static int split_k(tsp_algo algo) {
@@ -239,7 +239,7 @@ static int segs_need_accum(const tsp_segment *segs, int n_segs) {
 }
 
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
-** of w (tiles 6-10; 14-17: the weight image and the blocks' tile counter), then
+** of w (tiles 6-10; 14-17: the blocks' tile counter), then
 ** fp32 partial sums: [rows, n] for segmented plans that need them
 ** (segs_need_accum), [splits, rows, n] for split-K. */
 static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n,
@@ -247,7 +247,7 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->volume, rows, p->algo.tile);
   if (tsp_is_ws_tile(tile))
-    bytes = align256(tsp_conv_wgmma_ws_image_bytes(p->volume, red, n)) + 256; /* + tile counters */
+    bytes = WS_COUNTER_BYTES;
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0 && segs_need_accum(segs, n_segs))
@@ -259,7 +259,7 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
 
 /* The shim asks once per pass with that pass's problem: the size covers
 ** forward (segs), dgrad (segs_t) and wgrad's fp32 partials, whichever is set. */
-/* Forward and dgrad: the output-stationary passes' weight images, tile counters and fp32
+/* Forward and dgrad: the output-stationary passes' tile counters, K-major weights and fp32
 ** partials only.  Why not wgrad's row-chunk partials too (as before 2026-11-26): a forward
 ** then allocated chunks * V * Cin * Cout floats it never touched, an allocator call on every
 ** forward (C = 32 at 0.05 m) and 7 MB per chunk at C = 256. */
@@ -295,14 +295,8 @@ static tsp_status os_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_launch
 
 /* Launch segment g of a segmented pass in `mode` (a: the pass's launch). */
 static tsp_status segment_launch(os_kernel kind, tsp_dtype dtype, const tsp_os_launch *a,
-                                 const tsp_segment *g, int mode, int *launches, int transposed_w,
-                                 int tile) {
+                                 const tsp_segment *g, int mode, int transposed_w, int tile) {
   tsp_os_launch sa = *a;
-  if (a->tile_counter) { /* a counter of its own, zeroed by the image kernel while there are */
-    sa.tile_counter = a->tile_counter + (*launches < WS_COUNTERS ? *launches : WS_COUNTERS - 1);
-    sa.counter_zeroed = *launches < WS_COUNTERS;
-  }
-  ++*launches;
   sa.order = a->order + g->start;
   sa.plan = g->plan; /* its map rows follow its row entries: tsp_os_plan_map */
   sa.tile_rows = g->count;
@@ -349,18 +343,10 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   if (a.plan && n_segs > 0) return TSP_ERR_ARGUMENT; /* the shim refuses it first */
   unsigned char *ws = (unsigned char *)workspace;
   size_t used = 0;
-  if (kind == OS_WGMMA && tsp_is_ws_tile(tile)) { /* both passes: the weight image first */
-    const size_t wbytes = align256(tsp_conv_wgmma_ws_image_bytes(a.volume, a.red, n));
-    if (ws == NULL || workspace_bytes < wbytes + 256) return TSP_ERR_ARGUMENT;
-    /* the image kernel also zeroes one tile counter per main launch (WS_COUNTERS) */
-    tsp_status s = tsp_conv_wgmma_ws_image(dtype, &a, tile, transposed_w, ws, (int32_t *)(ws + wbytes),
-                                           WS_COUNTERS);
-    if (s != TSP_OK) return s;
-    a.w = ws;
-    a.tile_counter = (int32_t *)(ws + wbytes);
-    a.counter_zeroed = 1;
-    a.after_image = 1; /* cleared below wherever another launch comes between */
-    used = wbytes + 256;
+  if (kind == OS_WGMMA && tsp_is_ws_tile(tile)) { /* both passes read w as it is */
+    if (ws == NULL || workspace_bytes < WS_COUNTER_BYTES) return TSP_ERR_ARGUMENT;
+    a.tile_counter = (int32_t *)ws;
+    used = WS_COUNTER_BYTES;
   } else if (kind == OS_WGMMA && !transposed_w && !tsp_conv_wgmma_reads_mn(tile)) {
     /* forward on tiles 6-10: K-major copy of w first */
     const size_t wbytes = align256(tsp_conv_wgmma_workspace(a.volume, a.red, n));
@@ -407,12 +393,10 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   const size_t acc_bytes = (size_t)(rows * n) * sizeof(float);
   if (need_accum && (ws == NULL || workspace_bytes < used + acc_bytes)) return TSP_ERR_ARGUMENT;
   a.accum = need_accum ? (float *)(ws + used) : NULL;
-  int launches = 0;
   if (last < 0) { /* nothing produces the output: zeros, which the add_out segments add to */
     tsp_status s = tsp_cuda_check(cudaMemsetAsync(a.out, 0, (size_t)(rows * n) * element_bytes(dtype), stream),
                                   "tsp_conv: zero output");
     if (s != TSP_OK || adds == 0) return s;
-    a.after_image = 0;
   } else {
     int started = 0, finished = 0;
     for (int i = 0; i <= last; ++i) {
@@ -427,15 +411,13 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
                                         "tsp_conv: zero partial sums");
           if (s != TSP_OK) return s;
           mode = TSP_EPI_ACC_ADD;
-          a.after_image = 0;
         }
         started = 1;
       } else {
         mode = i == last && g->all_rows ? TSP_EPI_ACC_FINISH : TSP_EPI_ACC_ADD;
       }
-      tsp_status s = segment_launch(kind, dtype, &a, g, mode, &launches, transposed_w, tile);
+      tsp_status s = segment_launch(kind, dtype, &a, g, mode, transposed_w, tile);
       if (s != TSP_OK) return s;
-      a.after_image = 0; /* the later segments follow this launch */
       finished = mode == TSP_EPI_STORE || mode == TSP_EPI_ACC_FINISH;
     }
     if (!finished) {
@@ -446,7 +428,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   for (int i = n_base; i < n_segs; ++i) {
     const tsp_segment *g = &segs[i];
     if (g->count == 0 || g->offsets == 0) continue;
-    tsp_status s = segment_launch(kind, dtype, &a, g, TSP_EPI_OUT_ADD, &launches, transposed_w, tile);
+    tsp_status s = segment_launch(kind, dtype, &a, g, TSP_EPI_OUT_ADD, transposed_w, tile);
     if (s != TSP_OK) return s;
   }
   return TSP_OK;
@@ -476,7 +458,7 @@ tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const 
                            segmented || prob->algo.threshold != -1 ? prob->order : NULL,
                            prob->n_out, prob->volume, prob->c_in, prob->c_out, y,
                            (cudaStream_t)stream, prob->n_out, ~(uint64_t)0, NULL, TSP_EPI_STORE,
-                           NULL, 0, prob->order_plan == TSP_ORDER_TILE_PLAN, 0, 0,
+                           NULL, 0, prob->order_plan == TSP_ORDER_TILE_PLAN,
                            pass_steps(prob->order, prob->order_plan, prob->n_out, prob->n_segs, prob->algo)};
   return output_stationary(prob->dtype, &a, 0, prob->algo, prob->segs, prob->n_segs,
                            workspace, workspace_bytes);
@@ -492,7 +474,7 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
                            segmented || prob->algo.threshold != -1 ? prob->order_t : NULL,
                            prob->n_in, prob->volume, prob->c_out, prob->c_in, dx,
                            (cudaStream_t)stream, prob->n_in, ~(uint64_t)0, NULL, TSP_EPI_STORE,
-                           NULL, 0, prob->order_t_plan == TSP_ORDER_TILE_PLAN, 0, 0,
+                           NULL, 0, prob->order_t_plan == TSP_ORDER_TILE_PLAN,
                            pass_steps(prob->order_t, prob->order_t_plan, prob->n_in, prob->n_segs_t,
                                       prob->algo)};
   return output_stationary(prob->dtype, &a, 1, prob->algo, prob->segs_t, prob->n_segs_t,

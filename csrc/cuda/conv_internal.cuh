@@ -193,18 +193,12 @@ typedef struct {
   float *accum;        /* [rows, n] fp32 partial sums (the TSP_EPI_ACC_* modes) */
   int mode;            /* TSP_EPI_* */
   int32_t *tile_counter; /* tiles 14-17: a device int the blocks take further tiles
-                            from (zero at launch: counter_zeroed below, or the launcher's
-                            memset); NULL elsewhere */
+                            from (the launcher zeroes it where they do); NULL elsewhere */
   int splits;          /* split-K: > 1 cuts each tile's offsets into this many runs, block
                           (tile, s) writing its sums to accum + s * rows * n in `mode`
                           (TSP_EPI_ACC_INIT); 0 or 1: none */
   int plan;            /* order is a tile plan (tsp_conv_problem.order_plan): the order
                           [tile_rows], then the map rows in that order [tile_rows, volume] */
-  int counter_zeroed;  /* tiles 14-17: *tile_counter is 0 already (the weight image
-                          kernel zeroed it), so the launcher skips its memset launch */
-  int after_image;     /* tiles 14-17: the weight image kernel is the stream's last
-                          launch, so this one may start while it runs (programmatic
-                          dependent launch, conv_wgmma_ws.cu) */
   const int32_t *steps; /* the pass's step plan (torchsp.h, conv_tile.cuh: all rows
                            and offsets), NULL unless the pass is plain (conv.cu,
                            pass_steps); read by the fp16/bf16 kernels with 128-row
@@ -213,7 +207,7 @@ typedef struct {
 } tsp_os_launch;
 
 /* The warp-specialized wgmma tiles (conv_wgmma_ws.cu: 14, 15 and the
-** ping-pong 16 and 17), which read a weight image and take tiles from a counter. */
+** ping-pong 16 and 17), which read w through a tensor map and take tiles from a counter. */
 static inline int tsp_is_ws_tile(int tile) { return tile >= 14 && tile <= 17; }
 
 /* The map rows of a launch's tile plan, in tile order, or NULL (conv_tile.cuh). */
@@ -243,27 +237,20 @@ tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const vo
 ** ([volume, n, red], k_major = 1): dgrad's w already is; forward first writes
 ** a K-major copy with tsp_conv_wgmma_weights into tsp_conv_wgmma_workspace
 ** bytes and passes it as a->w.  Tiles 12 and 13 (tsp_conv_wgmma_reads_mn) also
-** read the forward's [volume, red, n] as stored (k_major = 0).  The
-** warp-specialized tiles 14-17
-** (conv_wgmma_ws.cu) read an image of the weights that
-** tsp_conv_wgmma_ws_image writes (both passes; `transposed_w` as for the
-** launchers above) into tsp_conv_wgmma_ws_image_bytes, and zeroes the
-** n_counters ints at `counters` (the launches' tile counters) in the same
-** launch: on a virtualised host each launch costs the host ~10 us. */
+** read the forward's [volume, red, n] as stored (k_major = 0).  So do the
+** warp-specialized tiles 14-17 (conv_wgmma_ws.cu), through a tensor map of
+** w, in both layouts; they need a->tile_counter (4 bytes of workspace). */
 size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n);
 int tsp_conv_wgmma_available(void); /* sm_90a build on an sm_90 device */
 tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void *wt);
 int tsp_conv_wgmma_reads_mn(int tile);
 tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major);
-size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n);
 tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
 /* Whether the ping-pong tile 16 takes n produced channels at this kernel volume
 ** (two tile buffers in shared memory beside its stages); 0 without sm_90a code. */
 int tsp_conv_wgmma_pingpong_fits(int64_t n, int64_t volume);
-tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int tile, int transposed_w,
-                                   void *img, int32_t *counters, int n_counters);
-tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile);
+tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major);
 
 /* wgrad on wgmma (conv_wgmma_wgrad.cu; sm_90a builds on sm_90 devices, fp16 /
 ** bf16, channels multiples of 8, tiles 12, 13, 15), else TSP_ERR_UNSUPPORTED.

@@ -435,17 +435,16 @@ tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void 
 #endif
 }
 
-int tsp_conv_wgmma_reads_mn(int tile) { return tile == 12 || tile == 13; }
+int tsp_conv_wgmma_reads_mn(int tile) { return tile == 12 || tile == 13 || tsp_is_ws_tile(tile); }
 
 /* One launch; a->w is K-major ([volume, n, red]: k_major != 0), or for tiles
-** 12 and 13 also the forward's [volume, red, n] (k_major == 0), or for tiles
-** 14-17 the image of tsp_conv_wgmma_ws_image (conv_wgmma_ws.cu). */
+** 12-17 also the forward's [volume, red, n] (k_major == 0). */
 tsp_status tsp_conv_wgmma_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major) {
 #ifndef TSP_WGMMA
   (void)dtype, (void)a, (void)tile, (void)k_major;
   return TSP_ERR_UNSUPPORTED;
 #else
-  if (tsp_is_ws_tile(tile)) return tsp_conv_wgmma_ws_os(dtype, a, tile);
+  if (tsp_is_ws_tile(tile)) return tsp_conv_wgmma_ws_os(dtype, a, tile, k_major);
   const tsp_status ok = tsp_conv_wgmma_check(dtype, a, tile);
   if (ok != TSP_OK) return ok;
   if (!k_major && !tsp_conv_wgmma_reads_mn(tile)) return TSP_ERR_ARGUMENT;

@@ -22,9 +22,15 @@
 **     rows of a 64-row block no row of which uses the offset not copied;
 **     each producer thread's copies arrive on the stage's `full` barrier when
 **     they land (cp.async.mbarrier.arrive.noinc);
-**   - B, the weights: one bulk copy (cp.async.bulk, the copy engine) of a
-**     stage image prepared by ws_image_kernel in the workspace, already
-**     K-major, swizzled and zero-padded, so no thread computes B addresses.
+**   - B, the weights: tensor-map copies (TMA, the copy engine) straight
+**     from w, swizzled and zero-filled past n, red and V by the hardware, so
+**     no thread computes B addresses: dgrad's w [V, n, red] lands K-major,
+**     the forward's w [V, red, n] MN-major (blocks of 64 reduced x 64
+**     produced channels), which its wgmma reads transposed (BT).
+**     Before 2026-11-26 a weight image kernel wrote a K-major copy of w
+**     first and one bulk copy moved a stage of it: 2.4-5.9 us and a launch
+**     per pass (H100, fwd / dgrad at C = 128: 3.9 / 2.4; C = 256: 5.9 /
+**     4.3), partly hidden by a programmatic dependent launch.
 ** A consumer warpgroup waits for `full`, issues 4 wgmma (k16 each) unless
 ** none of its 64 rows uses the step's offset, keeps one step in flight
 ** (wgmma.wait_group 1) and then frees the previous step's stage (`empty`).
@@ -59,6 +65,8 @@
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TSP_WGMMA_DEVICE 1
 #endif
+
+#include <cuda.h> /* CUtensorMap and its encoder's types only: the encoder is fetched at run time */
 
 #include "conv_internal.cuh"
 #include "conv_mma.cuh"
@@ -127,46 +135,19 @@ static __device__ __forceinline__ void mb_arrive_cp_async(uint64_t *bar) {
 #endif
 }
 
-/* Global -> shared bulk copy (16-byte aligned, bytes % 16 == 0) completing on bar. */
-static __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes,
-                                                 uint64_t *bar) {
+/* A 3-D tensor-map copy (TMA) of the box at (x, y, z), innermost first, into
+** shared memory (1024-byte aligned for the 128-byte swizzle), completing on
+** bar; elements past the tensor's ends arrive as zeros and count as bytes. */
+static __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, int x, int y, int z,
+                                                   uint64_t *bar) {
 #ifdef TSP_WGMMA_DEVICE
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          tsp_smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(tsp_smem_addr(bar))
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(tsp_smem_addr(dst)),
+      "l"((uint64_t)map), "r"(x), "r"(y), "r"(z), "r"(tsp_smem_addr(bar))
       : "memory");
 #else
-  (void)dst, (void)src, (void)bytes, (void)bar;
-#endif
-}
-
-/* ------------------------------------- programmatic dependent launch --- */
-
-/* The main kernel is launched as a programmatic dependent of the weight image
-** kernel just before it (launch_ws), so its blocks set up, list their first
-** tiles and gather their first rows while the image is still being written.
-** Only two things it reads come from that kernel, the image (B's bulk copies)
-** and the tile counter it zeroes; the thread that touches either waits here
-** first.  Everything else it reads was written before the image kernel
-** started, which stream order still guarantees.  Without a programmatic
-** launch the wait returns at once.  H100, lidar_198k, op calls back to back,
-** three rounds against the same code without it, in one call (2026-11-25,
-** us): C = 128 (tile 16) fwd 116.7-117.9 against 120.5-122.1, dgrad
-** 120.9-122.6 against 121.0-123.5; C = 64 with tile 16 fwd 68.4-69.5 against
-** 71.0-71.2, dgrad 67.4-68.2 against 70.4-71.3 (tile 13, which has no image,
-** 68.7-69.2 and 67.1-68.4, stays tile 0 there); C = 256 (tile 15) within the
-** rounds' spread. */
-static __device__ __forceinline__ void ws_wait_image() {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-/* The image kernel's blocks let the dependent main kernel be scheduled. */
-static __device__ __forceinline__ void ws_image_let_main_start() {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  (void)dst, (void)map, (void)x, (void)y, (void)z, (void)bar;
 #endif
 }
 
@@ -179,8 +160,8 @@ enum { WS_SMEM_MAX = 232448 }; /* sm_90's dynamic shared memory per block */
 
 static int ws_pingpong(int tile) { return tile == WS_PINGPONG_TILE || tile == WS_PINGPONG_NARROW_TILE; }
 
-/* Columns per block for n produced channels, and so the weight image's
-** column tiles: tiles 14 and 15 up to 256; the ping-pong tile 16 up to 128
+/* Columns per block for n produced channels, and so B's boxes (ws_weight_map):
+** tiles 14 and 15 up to 256; the ping-pong tile 16 up to 128
 ** (two m64nBN accumulators per consumer thread), column tiles above; tile 17
 ** 64.  Why narrower tiles: a layer with fewer 128-row tiles than the GPU has
 ** SMs (a U-Net's deep levels) leaves SMs idle at full width, and the longest
@@ -226,20 +207,31 @@ template <bool INC, int N> static __device__ __forceinline__ void ws_set_max_reg
 #endif
 }
 
+/* One k16 wgmma of a stage: acc += A (64 rows at a_s, K-major) B (b_s: K-major
+** rows of produced channels, or with BT the forward's MN-major blocks of 64
+** reduced x 64 produced channels, 8 KB apart, read transposed). */
+template <int BN, bool BT, typename T, int N>
+static __device__ __forceinline__ void ws_k16(float (&acc)[N], const T *a_s, const T *b_s, int ks) {
+  if (BT)
+    wg_op<BN>::template run_bt<T>(acc, wg_desc_sw128(a_s + ks * 16),
+                                  wg_desc_sw128_mn(b_s + ks * 16 * 64, WS_BK * 64 * 2));
+  else
+    wg_op<BN>::template run<T>(acc, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
+}
+
 /* One ping-pong step: the stage's 4 k16 wgmma into the accumulators of the
 ** 64-row halves that use its offset (U0: rows 0-63 into acc0, U1: rows 64-127
 ** into acc1), as one commit group, keeping one step in flight.  The kernel
 ** calls one instantiation per case, each a straight run of fence, wgmma,
 ** commit and wait. */
-template <int BN, bool U0, bool U1, typename T, int N>
+template <int BN, bool U0, bool U1, bool BT, typename T, int N>
 static __device__ __forceinline__ void ws_pp_step(float (&acc0)[N], float (&acc1)[N], const T *a_s,
                                                   const T *b_s) {
   wg_fence();
 #pragma unroll
   for (int ks = 0; ks < WS_BK / 16; ++ks) {
-    if (U0) wg_op<BN>::template run<T>(acc0, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
-    if (U1)
-      wg_op<BN>::template run<T>(acc1, wg_desc_sw128(a_s + 64 * WS_BK + ks * 16), wg_desc_sw128(b_s + ks * 16));
+    if (U0) ws_k16<BN, BT>(acc0, a_s, b_s, ks);
+    if (U1) ws_k16<BN, BT>(acc1, a_s + 64 * WS_BK, b_s, ks);
   }
   wg_commit();
   wg_wait<1>(); /* the previous step's wgmma has read its stage */
@@ -266,15 +258,18 @@ static __device__ __forceinline__ uint32_t ws_step_wait(const tsp_tile_smem &til
   return groups;
 }
 
-/* src [src_rows, red]; wimg: ws_image_kernel's stage images; out [rows, n];
-** next_tile: a zeroed counter; `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
+/* src [src_rows, red]; wmap: the tensor map of w (launch_ws: [V, red, n] with
+** BT, the forward's, else [V, n, red]); out [rows, n]; next_tile: a counter,
+** zero at launch where the blocks take tiles from it, that is where there are
+** more than one (PP: two) per block (`counted`; launch_ws zeroes it then);
+** `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
 ** Split-K (splits > 1): tile t is run t % splits of row/column tile t / splits
 ** (tsp_tile_origin_split's order), its sums in accum + run * rows * n.
 ** PP (tile 16, needs tbufs == 2): ping-pong consumers, see the consumers' PP branch;
 ** staged (PP only): ws_stage_bytes follow the tile buffers, for the staged epilogue. */
-template <typename T, int BN, int STAGES, int PW, int MINB, bool PP>
+template <typename T, int BN, int STAGES, int PW, int MINB, bool PP, bool BT>
 __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
-    wgmma_ws_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ wimg,
+    wgmma_ws_kernel(const T *__restrict__ src, int64_t src_rows, const __grid_constant__ CUtensorMap wmap,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
                     int n, T *__restrict__ out, float *__restrict__ accum, int mode,
@@ -315,6 +310,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   }
   __syncthreads(); /* publishes the barriers; the last block-wide barrier */
   const int chunks = (red + BK - 1) / BK;
+  /* more tiles than the blocks' first (PP: first two): the rest come from the counter */
+  const bool counted = tiles > (PP ? 2 : 1) * (int)gridDim.x;
 
   if (tid >= WS_CONSUMERS) { /* producer warps */
     if (PP) ws_set_max_regs<false, WS_PP_PRODUCER_REGS>();
@@ -344,8 +341,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         tsp_tile_origin_of(t / splits, tiles / splits, n, BM, BN, &row0, &n0);
       } else {
         mb_wait(&tile_free[tb], ((i / tbufs) & 1) ^ 1); /* its previous tile's epilogue is done */
-        if (p == 0 && i > 0) ws_wait_image(); /* the image kernel zeroed the counter */
-        if (p == 0) *ws_tile_index(tile) = i == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(next_tile, 1);
+        if (p == 0)
+          *ws_tile_index(tile) = i == 0 ? (int)blockIdx.x : counted ? (int)gridDim.x + atomicAdd(next_tile, 1) : tiles;
         tsp_tile_sync<WS_TILE_BAR, PT>();
         t = *ws_tile_index(tile);
         if (t >= tiles) { /* no tile left: tell the consumers, and stop */
@@ -361,7 +358,6 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         mb_arrive(&tile_full[tb]); /* release: the consumers see the tile */
       }
       const int steps = *tile.count * chunks;
-      const T *wtile = wimg + (int64_t)(n0 / BN) * volume * chunks * B_STAGE;
       /* Per offset: row r_it's source (chunk cc of its first 64 channels; src
       ** itself when absent, then read as 0 bytes), its bytes (16, or 0 when
       ** absent) and which 64-row blocks use the offset at all (bit b of
@@ -391,9 +387,14 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         const uint32_t bytes = c0 + cc * 8 < red ? 16 : 0; /* 0: the chunk is past red, zeros */
         mb_wait(&empty[s], ((g / STAGES) & 1) ^ 1); /* round 0 passes on the fresh barrier */
         if (p == 0) { /* B first: the larger copy is in flight while the rows are issued */
-          if (g == 0) ws_wait_image(); /* the first read of the image */
-          mb_arrive_expect_tx(&full[s], B_STAGE * 2);
-          bulk_copy(s_b + s * B_STAGE, wtile + ((int64_t)k * chunks + ch) * B_STAGE, B_STAGE * 2, &full[s]);
+          mb_arrive_expect_tx(&full[s], B_STAGE * 2); /* zero-filled bytes count too */
+          if (BT) {
+#pragma unroll
+            for (int b = 0; b < BN / 64; ++b) /* [64 reduced x 64 produced] blocks */
+              tma_load_3d(s_b + s * B_STAGE + b * 64 * BK, &wmap, n0 + 64 * b, c0, k, &full[s]);
+          } else {
+            tma_load_3d(s_b + s * B_STAGE, &wmap, c0, n0, k, &full[s]); /* [BN produced x 64 reduced] */
+          }
         }
         /* Straight-line copies: Nsight Compute put these warps ~90% busy in
         ** a per-copy branch, select and pointer rebuild, and the consumers
@@ -497,8 +498,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       /* tile i + 2's index, before tile i + 1's warpgroup can take one */
       const auto hand_over = [&](int g_end) {
         if (wt == 0) {
-          if (j == 0) ws_wait_image(); /* the image kernel zeroed the counter */
-          const int nt = 2 * (int)gridDim.x + atomicAdd(next_tile, 1);
+          const int nt = counted ? 2 * (int)gridDim.x + atomicAdd(next_tile, 1) : tiles;
           next_idx[wg] = nt;
           g_next[(i + 1) & 1] = g_end;
           if (sched) sched_ahead = tsp_steps_sched_entry(plan_steps, nt, tiles, n, BM, BN, volume);
@@ -528,11 +528,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         acc_fence(acc0);
         acc_fence(acc1);
         if (use == 3)
-          ws_pp_step<BN, true, true>(acc0, acc1, a_s, b_s);
+          ws_pp_step<BN, true, true, BT>(acc0, acc1, a_s, b_s);
         else if (use == 1)
-          ws_pp_step<BN, true, false>(acc0, acc1, a_s, b_s);
+          ws_pp_step<BN, true, false, BT>(acc0, acc1, a_s, b_s);
         else
-          ws_pp_step<BN, false, true>(acc0, acc1, a_s, b_s);
+          ws_pp_step<BN, false, true, BT>(acc0, acc1, a_s, b_s);
         acc_fence(acc0);
         acc_fence(acc1);
         if (step > 0 && lane == 0) mb_arrive(&empty[(g - 1) % STAGES]);
@@ -621,8 +621,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         const T *a_s = s_a + s * A_STAGE + wg * 64 * BK, *b_s = s_b + s * B_STAGE;
         wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks)
-          wg_op<BN>::template run<T>(acc, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
+        for (int ks = 0; ks < BK / 16; ++ks) ws_k16<BN, BT>(acc, a_s, b_s, ks);
         wg_commit();
         wg_wait<1>(); /* the previous step's wgmma has read its stage */
       } else {
@@ -655,83 +654,51 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   }
 }
 
-/* The weights as the bulk copies read them: for column tile t, offset k and
-** 64-channel chunk c, one [bn x 64] stage image at ((t V + k) chunks + c) bn 64,
-** row j (produced channel t bn + j) holding reduced channels 64 c .. 64 c + 63
-** in the 128-byte swizzle (16-byte chunk u of row j at u ^ (j % 8)); zero past
-** n or red.  W_k(j, c) is w[k][c][j] (forward, w [V, red, n]) or w[k][j][c]
-** (dgrad, transposed: w [V, n, red]).  Elements are moved as 16-bit words:
-** the same code serves fp16 and bf16.
-** One block per stage image, in 16-byte pieces (red and n are multiples of 8,
-** w is 16-byte aligned: tsp_conv_wgmma_ws_check).  dgrad: image chunk (j, u)
-** is 8 consecutive elements of w's row j, copied as they are.  Forward: the
-** block reads its [64 x bn] block of w along w's rows into shared memory and
-** writes the image from there.  Why: one thread per 2-byte image element read
-** the forward's w with a stride of n elements, 11.4 us per call at C = 256
-** (H100, 2026-11-24), and a 2-byte copy through shared memory still 12-14 us. */
-enum { WS_IMG_THREADS = 256, WS_IMG_PITCH = 256 + 2 }; /* pitch: odd in 4-byte words, few bank conflicts */
-__global__ void __launch_bounds__(WS_IMG_THREADS)
-    ws_image_kernel(const uint16_t *__restrict__ w, int volume, int red, int n, int transposed,
-                    int bn, int chunks, uint16_t *__restrict__ img, int32_t *__restrict__ counters,
-                    int n_counters) {
-  __shared__ uint16_t s[64 * WS_IMG_PITCH]; /* forward: [reduced channel][produced channel] */
-  const int64_t blk = blockIdx.x; /* ((t V + k) chunks + ch) */
-  const int ch = (int)(blk % chunks);
-  const int k = (int)((blk / chunks) % volume), t = (int)(blk / chunks / volume);
-  const int c0 = ch * 64, j0 = t * bn, pieces = bn * 8; /* 16-byte pieces of one image */
-  uint4 *dst = (uint4 *)(img + blk * bn * 64);
-  const uint4 zero = make_uint4(0, 0, 0, 0); /* +0.0 in fp16 and bf16 */
-  ws_image_let_main_start(); /* it waits for this grid's writes before reading them */
-  if (blk == 0) /* the main launches' tile counters: stream order makes the zeros visible to them */
-    for (int i = threadIdx.x; i < n_counters; i += WS_IMG_THREADS) counters[i] = 0;
-  if (transposed) {
-    for (int i = threadIdx.x; i < pieces; i += WS_IMG_THREADS) {
-      const int j = i >> 3, c = ((((i & 7) ^ j) & 7) << 3); /* piece i: chunk i % 8 of row j */
-      dst[i] = j0 + j < n && c0 + c < red
-                   ? *(const uint4 *)(w + ((int64_t)k * n + j0 + j) * red + c0 + c)
-                   : zero;
-    }
-    return;
+/* cuTensorMapEncodeTiled, fetched from the driver once (no link to libcuda:
+** torch's extension build links the runtime only); NULL when unavailable. */
+typedef CUresult (*ws_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                 const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                 CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                 CUtensorMapFloatOOBfill);
+static ws_encode_fn ws_encoder(void) {
+  static ws_encode_fn fn = NULL;
+  static int asked = 0; /* the answer is fixed for the process */
+  if (!asked) {
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+#else
+    const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
+#endif
+    if (e != cudaSuccess) (void)cudaGetLastError(); /* the query's own error, not a launch's */
+    fn = e == cudaSuccess && q == cudaDriverEntryPointSuccess ? (ws_encode_fn)f : NULL;
+    asked = 1;
   }
-  for (int i = threadIdx.x; i < pieces; i += WS_IMG_THREADS) {
-    const int c = i / (bn / 8), j = (i % (bn / 8)) * 8; /* 8 produced channels of row c of w[k] */
-    uint4 v = zero;
-    if (j0 + j < n && c0 + c < red) v = *(const uint4 *)(w + ((int64_t)k * red + c0 + c) * n + j0 + j);
-    const uint16_t *e = (const uint16_t *)&v;
-#pragma unroll
-    for (int q = 0; q < 8; ++q) s[c * WS_IMG_PITCH + j + q] = e[q];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < pieces; i += WS_IMG_THREADS) {
-    const int j = i >> 3, c = ((((i & 7) ^ j) & 7) << 3);
-    uint4 v;
-    uint16_t *e = (uint16_t *)&v;
-#pragma unroll
-    for (int q = 0; q < 8; ++q) e[q] = s[(c + q) * WS_IMG_PITCH + j];
-    dst[i] = v;
-  }
+  return fn;
 }
 
-/* May a launch on `stream` be a programmatic dependent one?  Always outside
-** stream capture; inside it only where runtime and driver (12.3+) put such
-** launches into a graph.  A failed query says no. */
-static int ws_dependent_launch_ok(cudaStream_t stream) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
-    (void)cudaGetLastError(); /* the query's own error, not a launch's */
-    return 0;
-  }
-  if (capture == cudaStreamCaptureStatusNone) return 1;
-  static int graph_ok = -1; /* both versions are fixed for the process */
-  if (graph_ok < 0) {
-    int runtime = 0, driver = 0;
-    graph_ok = cudaRuntimeGetVersion(&runtime) == cudaSuccess &&
-               cudaDriverGetVersion(&driver) == cudaSuccess && runtime >= 12030 && driver >= 12030;
-  }
-  return graph_ok;
+/* The tensor map B's copies read w through (the kernel's wmap): 16-bit
+** elements (fp16 and bf16 alike), the 128-byte swizzle, zeros past the ends.
+** Forward (bt): w [V, red, n], boxes of 64 produced x 64 reduced channels;
+** dgrad: w [V, n, red], boxes of 64 reduced x bn produced channels.  The
+** caller checked what the encoder requires: w 16-byte aligned, red and n
+** multiples of 8 (row pitches multiples of 16 bytes), bn <= 256. */
+static tsp_status ws_weight_map(CUtensorMap *map, const tsp_os_launch &a, int bt, int bn) {
+  const ws_encode_fn encode = ws_encoder();
+  if (encode == NULL) return tsp_cuda_check(cudaErrorNotSupported, "tsp_conv_wgmma_ws: cuTensorMapEncodeTiled");
+  const cuuint64_t inner = (cuuint64_t)(bt ? a.n : a.red), outer = (cuuint64_t)(bt ? a.red : a.n);
+  const cuuint64_t dims[3] = {inner, outer, (cuuint64_t)a.volume};
+  const cuuint64_t pitches[2] = {inner * 2, inner * outer * 2}; /* bytes, dims 1 and 2 */
+  const cuuint32_t box[3] = {64, (cuuint32_t)(bt ? 64 : bn), 1}, unit[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, (void *)a.w, dims, pitches, box, unit,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return tsp_cuda_check(r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue,
+                        "tsp_conv_wgmma_ws: the tensor map of w (cuTensorMapEncodeTiled)");
 }
 
-template <typename T, int BN, int STAGES, int PW, int MINB, bool PP>
+template <typename T, int BN, int STAGES, int PW, int MINB, bool PP, bool BT>
 static tsp_status launch_ws(const tsp_os_launch &a) {
   const int tbufs = ws_smem_bytes(BN, STAGES, (int)a.volume, 2) <= WS_SMEM_MAX ? 2 : 1;
   if (PP && tbufs != 2) return TSP_ERR_UNSUPPORTED; /* tsp_conv_wgmma_ws_check refuses it first */
@@ -739,7 +706,7 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   const int staged = PP && ws_smem_bytes(BN, STAGES, (int)a.volume, tbufs) + ws_stage_bytes(BN) <= WS_SMEM_MAX;
   const size_t smem = ws_smem_bytes(BN, STAGES, (int)a.volume, tbufs) + (staged ? ws_stage_bytes(BN) : 0);
   static uint64_t smem_raised = 0;
-  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP>, smem,
+  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP, BT>, smem,
                                       &smem_raised, "tsp_conv_wgmma_ws");
   if (s != TSP_OK) return s;
   if (a.tile_counter == NULL) return TSP_ERR_ARGUMENT;
@@ -753,30 +720,20 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   const int sms = tsp_device_sms();
   const int64_t per_wave = (int64_t)(sms > 0 ? sms : 1) * MINB;
   const int64_t blocks = tiles < per_wave ? tiles : per_wave;
-  if (!a.counter_zeroed) {
+  CUtensorMap wmap;
+  s = ws_weight_map(&wmap, a, BT, BN);
+  if (s != TSP_OK) return s;
+  /* The kernel's `counted`: only then does it read the counter, and only then
+  ** is a launch spent on zeroing it (a U-Net's deep levels have too few tiles). */
+  if (tiles > (PP ? 2 : 1) * blocks) {
     s = tsp_cuda_check(cudaMemsetAsync(a.tile_counter, 0, sizeof(int32_t), a.stream),
                        "tsp_conv_wgmma_ws: zero the tile counter");
     if (s != TSP_OK) return s;
   }
-  /* Right after the image kernel (which zeroed the counter: no memset came
-  ** between), a programmatic dependent launch; see ws_wait_image. */
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)blocks);
-  cfg.blockDim = dim3(WS_CONSUMERS + 32 * PW);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = a.stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = a.after_image && a.counter_zeroed && ws_dependent_launch_ok(a.stream) ? 1 : 0;
-  s = tsp_cuda_check(
-      cudaLaunchKernelEx(&cfg, wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP>, (const T *)a.src, a.src_rows,
-                         (const T *)a.w, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
-                         (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter,
-                         (int)tiles, tbufs, splits, staged, a.steps),
-      "tsp_conv_wgmma_ws");
-  if (s != TSP_OK) return s;
+  wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP, BT><<<(unsigned)blocks, WS_CONSUMERS + 32 * PW, smem, a.stream>>>(
+      (const T *)a.src, a.src_rows, wmap, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
+      (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter, (int)tiles, tbufs, splits,
+      staged, a.steps);
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");
 }
 
@@ -842,7 +799,8 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **     66.9 / 67.9 for tile 13, dgrad 65.4 / 65.3 against 66.3 / 67.1.  So
 **     the producers' tile builds, not the epilogue, held the tensor cores
 **     back; tile 16 is tile 0 for 64 < n <= 128 (conv.cu resolve_tile; at
-**     n = 64 the weight image it writes first costs more than it saves);
+**     n = 64 the weight image it wrote first, before 2026-11-26, cost more
+**     than it saved);
 **   - Nsight Compute's stall samples (C = 64 fwd, 2026-11-25): the producer
 **     warps spend ~27% of their samples waiting on tile_full (the next tile
 **     not built yet), the active consumers ~20% on `full`.  Tiles built two
@@ -859,34 +817,25 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **     C = 64 99.9 / 100.3 / 99.8; n = 128 with 4 / 5 / 6, C = 128 fwd 118.8
 **     / 123.3 / 120.6, down3 C = 128 105.4 / 108.0 / 106.0: the copies
 **     already run far enough ahead. */
-template <typename T> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
+/* bt: the forward's w [V, red, n], B read MN-major; else dgrad's [V, n, red]. */
+template <typename T, bool BT> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(tile, a.n);
   if (tile == 14) {
-    if (bn == 64) return launch_ws<T, 64, WS_STAGES, 2, 1, false>(a);
-    if (bn == 128) return launch_ws<T, 128, WS_STAGES, 2, 1, false>(a);
-    return launch_ws<T, 256, WS_STAGES, 2, 1, false>(a);
+    if (bn == 64) return launch_ws<T, 64, WS_STAGES, 2, 1, false, BT>(a);
+    if (bn == 128) return launch_ws<T, 128, WS_STAGES, 2, 1, false, BT>(a);
+    return launch_ws<T, 256, WS_STAGES, 2, 1, false, BT>(a);
   }
   if (ws_pingpong(tile)) { /* two m64nBN accumulators per consumer thread: BN <= 128 */
-    if (bn == 64) return launch_ws<T, 64, WS_STAGES, 4, 1, true>(a);
-    if (bn == 128) return launch_ws<T, 128, WS_STAGES, 4, 1, true>(a);
+    if (bn == 64) return launch_ws<T, 64, WS_STAGES, 4, 1, true, BT>(a);
+    if (bn == 128) return launch_ws<T, 128, WS_STAGES, 4, 1, true, BT>(a);
     return TSP_ERR_UNSUPPORTED;
   }
-  if (bn == 64) return launch_ws<T, 64, WS_STAGES, 4, 1, false>(a);
-  if (bn == 128) return launch_ws<T, 128, WS_STAGES, 4, 1, false>(a);
-  return launch_ws<T, 256, WS_STAGES, 4, 1, false>(a);
+  if (bn == 64) return launch_ws<T, 64, WS_STAGES, 4, 1, false, BT>(a);
+  if (bn == 128) return launch_ws<T, 128, WS_STAGES, 4, 1, false, BT>(a);
+  return launch_ws<T, 256, WS_STAGES, 4, 1, false, BT>(a);
 }
 
 #endif /* TSP_WGMMA */
-
-size_t tsp_conv_wgmma_ws_image_bytes(int64_t volume, int64_t red, int64_t n) {
-#ifndef TSP_WGMMA
-  (void)volume, (void)red, (void)n;
-  return 0;
-#else
-  const int64_t bn = ws_bn_max(n); /* the widest tile's image; a narrower one's is no larger */
-  return (size_t)(volume * ((red + 63) / 64 * 64) * ((n + bn - 1) / bn * bn)) * 2;
-#endif
-}
 
 int tsp_conv_wgmma_pingpong_fits(int64_t n, int64_t volume) {
 #ifndef TSP_WGMMA
@@ -913,40 +862,17 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
 #endif
 }
 
-tsp_status tsp_conv_wgmma_ws_image(tsp_dtype dtype, const tsp_os_launch *a, int tile, int transposed_w,
-                                   void *img, int32_t *counters, int n_counters) {
+/* One launch; a->w is w as the caller holds it: [V, n, red] when k_major
+** (dgrad), else the forward's [V, red, n]. */
+tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major) {
 #ifndef TSP_WGMMA
-  (void)dtype, (void)a, (void)tile, (void)transposed_w, (void)img, (void)counters, (void)n_counters;
-  return TSP_ERR_UNSUPPORTED;
-#else
-  if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
-  if (img == NULL || (uintptr_t)img % 16 != 0 || (uintptr_t)a->w % 16 != 0 || a->red % 8 != 0 ||
-      a->n % 8 != 0)
-    return TSP_ERR_UNSUPPORTED; /* the kernel moves 16-byte pieces */
-  const int bn = ws_bn(tile, a->n); /* the main kernel's column tiles */
-  const int chunks = (int)((a->red + 63) / 64);
-  const int64_t images = a->volume * chunks * ((a->n + bn - 1) / bn); /* one block each */
-  /* volume, red and n are >= 1 (conv.cu), so there is an image, and its block 0 zeroes the counters */
-  if (images <= 0 || n_counters < 0 || (n_counters > 0 && counters == NULL)) return TSP_ERR_ARGUMENT;
-  if (images > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  ws_image_kernel<<<(unsigned)images, WS_IMG_THREADS, 0, a->stream>>>(
-      (const uint16_t *)a->w, (int)a->volume, (int)a->red, (int)a->n, transposed_w, bn, chunks,
-      (uint16_t *)img, counters, n_counters);
-  return tsp_cuda_check_launch("tsp_conv_wgmma_ws_image");
-#endif
-}
-
-/* One launch; a->w is the image written by tsp_conv_wgmma_ws_image. */
-tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile) {
-#ifndef TSP_WGMMA
-  (void)dtype, (void)a, (void)tile;
+  (void)dtype, (void)a, (void)tile, (void)k_major;
   return TSP_ERR_UNSUPPORTED;
 #else
   const tsp_status ok = tsp_conv_wgmma_ws_check(dtype, a, tile);
   if (ok != TSP_OK) return ok;
   if (a->rows <= 0 || a->tile_rows <= 0) return TSP_OK;
-  if (((uintptr_t)a->w % 16) != 0) return TSP_ERR_UNSUPPORTED;
-  if (dtype == TSP_FLOAT16) return dispatch_ws<__half>(*a, tile);
-  return dispatch_ws<__nv_bfloat16>(*a, tile);
+  if (dtype == TSP_FLOAT16) return k_major ? dispatch_ws<__half, false>(*a, tile) : dispatch_ws<__half, true>(*a, tile);
+  return k_major ? dispatch_ws<__nv_bfloat16, false>(*a, tile) : dispatch_ws<__nv_bfloat16, true>(*a, tile);
 #endif
 }
