@@ -214,8 +214,10 @@ static int tf32_asked(tsp_dtype dtype, int tile) {
 
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-/* Workspace of tiles 14-17: their tile counter (launch_ws zeroes it where the
-** blocks read it; a segmented pass's launches take turns with it, in stream order). */
+/* Workspace of tiles 14-17: their tile counter, where the blocks read it
+** (tsp_conv_wgmma_ws_counted over all the pass's rows: no segment has more;
+** launch_ws zeroes it; a segmented pass's launches take turns with it, in stream
+** order).  Passes with fewer tiles (a U-Net's deep levels) allocate nothing. */
 enum { WS_COUNTER_BYTES = 256 };
 
 /* Split-K's runs per tile (TSP_DATAFLOW_SPLIT_K, the shim checks 2 .. TSP_SPLIT_K_MAX); 1: none. */
@@ -247,7 +249,7 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->volume, rows, p->algo.tile);
   if (tsp_is_ws_tile(tile))
-    bytes = WS_COUNTER_BYTES;
+    bytes = tsp_conv_wgmma_ws_counted(rows, n, tile, split_k(p->algo)) ? WS_COUNTER_BYTES : 0;
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0 && segs_need_accum(segs, n_segs))
@@ -344,9 +346,11 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   unsigned char *ws = (unsigned char *)workspace;
   size_t used = 0;
   if (kind == OS_WGMMA && tsp_is_ws_tile(tile)) { /* both passes read w as it is */
-    if (ws == NULL || workspace_bytes < WS_COUNTER_BYTES) return TSP_ERR_ARGUMENT;
-    a.tile_counter = (int32_t *)ws;
-    used = WS_COUNTER_BYTES;
+    if (tsp_conv_wgmma_ws_counted(rows, n, tile, split_k(algo))) {
+      if (ws == NULL || workspace_bytes < WS_COUNTER_BYTES) return TSP_ERR_ARGUMENT;
+      a.tile_counter = (int32_t *)ws;
+      used = WS_COUNTER_BYTES;
+    }
   } else if (kind == OS_WGMMA && !transposed_w && !tsp_conv_wgmma_reads_mn(tile)) {
     /* forward on tiles 6-10: K-major copy of w first */
     const size_t wbytes = align256(tsp_conv_wgmma_workspace(a.volume, a.red, n));

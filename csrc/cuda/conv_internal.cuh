@@ -193,7 +193,8 @@ typedef struct {
   float *accum;        /* [rows, n] fp32 partial sums (the TSP_EPI_ACC_* modes) */
   int mode;            /* TSP_EPI_* */
   int32_t *tile_counter; /* tiles 14-17: a device int the blocks take further tiles
-                            from (the launcher zeroes it where they do); NULL elsewhere */
+                            from (the launcher zeroes it where they do:
+                            tsp_conv_wgmma_ws_counted); NULL elsewhere */
   int splits;          /* split-K: > 1 cuts each tile's offsets into this many runs, block
                           (tile, s) writing its sums to accum + s * rows * n in `mode`
                           (TSP_EPI_ACC_INIT); 0 or 1: none */
@@ -239,7 +240,8 @@ tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const vo
 ** bytes and passes it as a->w.  Tiles 12 and 13 (tsp_conv_wgmma_reads_mn) also
 ** read the forward's [volume, red, n] as stored (k_major = 0).  So do the
 ** warp-specialized tiles 14-17 (conv_wgmma_ws.cu), through a tensor map of
-** w, in both layouts; they need a->tile_counter (4 bytes of workspace). */
+** w, in both layouts; where tsp_conv_wgmma_ws_counted, they need
+** a->tile_counter (4 bytes of workspace). */
 size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n);
 int tsp_conv_wgmma_available(void); /* sm_90a build on an sm_90 device */
 tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
@@ -250,6 +252,9 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
 /* Whether the ping-pong tile 16 takes n produced channels at this kernel volume
 ** (two tile buffers in shared memory beside its stages); 0 without sm_90a code. */
 int tsp_conv_wgmma_pingpong_fits(int64_t n, int64_t volume);
+/* Whether a launch of tile 14-17 over tile_rows rows (split-K: splits runs) reads its
+** tile counter (a->tile_counter, 4 bytes of workspace; NULL may be passed otherwise). */
+int tsp_conv_wgmma_ws_counted(int64_t tile_rows, int64_t n, int tile, int splits);
 tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major);
 
 /* wgrad on wgmma (conv_wgmma_wgrad.cu; sm_90a builds on sm_90 devices, fp16 /

@@ -654,6 +654,18 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   }
 }
 
+/* The persistent grid's blocks per wave (launch_ws), MINB blocks per SM. */
+static int64_t ws_per_wave(int minb) {
+  const int sms = tsp_device_sms();
+  return (int64_t)(sms > 0 ? sms : 1) * minb;
+}
+
+/* Whether the blocks take tiles from the counter (the kernel's `counted`, with
+** gridDim.x = min(tiles, per_wave)): more tiles than each block's first (ping-pong:
+** first two).  Only then does a pass need the counter, and a launch to zero it:
+** a U-Net's deep levels (few tiles) need neither. */
+static int ws_counted(int64_t tiles, bool pp, int64_t per_wave) { return tiles > (pp ? 2 : 1) * per_wave; }
+
 /* cuTensorMapEncodeTiled, fetched from the driver once (no link to libcuda:
 ** torch's extension build links the runtime only); NULL when unavailable. */
 typedef CUresult (*ws_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -709,7 +721,6 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   tsp_status s = tsp_raise_smem_limit((const void *)wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP, BT>, smem,
                                       &smem_raised, "tsp_conv_wgmma_ws");
   if (s != TSP_OK) return s;
-  if (a.tile_counter == NULL) return TSP_ERR_ARGUMENT;
   const int splits = a.splits > 1 ? a.splits : 1;
   const int64_t tiles = ((a.tile_rows + WS_BM - 1) / WS_BM) * ((a.n + BN - 1) / BN) * splits;
   if (tiles > 0x3fffffffLL) return TSP_ERR_UNSUPPORTED; /* gridDim.x + counter stay int */
@@ -717,15 +728,14 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   ** counter, and its producers list tile i + 1 into the second tile buffer
   ** while the consumers finish tile i.  C = 256, H100: 390.9 us for the main
   ** kernel against 409-412 with one block per tile (2026-11-24). */
-  const int sms = tsp_device_sms();
-  const int64_t per_wave = (int64_t)(sms > 0 ? sms : 1) * MINB;
+  const int64_t per_wave = ws_per_wave(MINB);
   const int64_t blocks = tiles < per_wave ? tiles : per_wave;
+  const int counted = ws_counted(tiles, PP, per_wave);
+  if (counted && a.tile_counter == NULL) return TSP_ERR_ARGUMENT;
   CUtensorMap wmap;
   s = ws_weight_map(&wmap, a, BT, BN);
   if (s != TSP_OK) return s;
-  /* The kernel's `counted`: only then does it read the counter, and only then
-  ** is a launch spent on zeroing it (a U-Net's deep levels have too few tiles). */
-  if (tiles > (PP ? 2 : 1) * blocks) {
+  if (counted) { /* the only launch spent on the counter */
     s = tsp_cuda_check(cudaMemsetAsync(a.tile_counter, 0, sizeof(int32_t), a.stream),
                        "tsp_conv_wgmma_ws: zero the tile counter");
     if (s != TSP_OK) return s;
@@ -836,6 +846,18 @@ template <typename T, bool BT> static tsp_status dispatch_ws(const tsp_os_launch
 }
 
 #endif /* TSP_WGMMA */
+
+int tsp_conv_wgmma_ws_counted(int64_t tile_rows, int64_t n, int tile, int splits) {
+#ifndef TSP_WGMMA
+  (void)tile_rows, (void)n, (void)tile, (void)splits;
+  return 0;
+#else
+  if (!tsp_is_ws_tile(tile) || tile_rows <= 0 || n <= 0) return 0;
+  const int bn = ws_bn(tile, n);
+  const int64_t tiles = (tile_rows + WS_BM - 1) / WS_BM * ((n + bn - 1) / bn) * (splits > 1 ? splits : 1);
+  return ws_counted(tiles, ws_pingpong(tile), ws_per_wave(1)); /* MINB: 1 for every tile (dispatch_ws) */
+#endif
+}
 
 int tsp_conv_wgmma_pingpong_fits(int64_t n, int64_t volume) {
 #ifndef TSP_WGMMA
