@@ -158,9 +158,10 @@ static int fast_dtype(tsp_dtype dtype) {
 ** tile 15, 102 for tile 15 at two blocks per SM, 126 for 12, 139 mma.sync;
 ** tile 16's main kernel beat it, 65.3 / 65.2 against 66.9 / 67.9, but its
 ** op call lost, 71.6 / 73.4 against 69.6 / 69.3: tile 13 reads w as it is,
-** tile 16 first wrote a weight image then (none since 2026-11-26); with both epilogues staged, main
+** tile 16 then wrote a weight image first; with both epilogues staged, main
 ** kernel, 2026-11-25: C = 64 fwd 64.3 against 61.4, down3 C = 64 93.2
-** against 83.8, before tile 13 went to three blocks per SM);
+** against 83.8, before tile 13 went to three blocks per SM; without the
+** image, 2026-11-26, all kernels: fwd 51.2 for tile 16 against 45.5);
 ** else mma.sync, which stays faster at C = 32 (56 vs 107 for tile 15, 114
 ** for wgmma tile 9; op call 39.7 against 53.5 for tile 13 at three blocks
 ** per SM, 2026-11-25).
