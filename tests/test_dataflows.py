@@ -354,6 +354,50 @@ def test_ws_tiles_many_launches():
 
 
 @needs_cuda
+@pytest.mark.parametrize("tile", [15, 16])
+def test_ws_tiles_first_cuda_call_of_a_thread(tile):
+    """A host thread whose first CUDA work is a warp-specialized pass: autograd's device thread
+    in a backward is one.  Their weight tensor maps are made by a driver call, which needs a
+    current context, and torch's device guard skips cudaSetDevice when the device already is the
+    thread's, so the thread has none yet (H100, 2026-11-26: a bench whose first layer was
+    C = 128 failed in conv_dgrad with the encoder's error; csrc/cuda/conv_wgmma_ws.cu
+    ws_weight_map now makes the primary context current and encodes again).  The ops run first
+    on this thread, so the new thread's outputs come from the caching allocator's pool without
+    a cudaMalloc (which would make the context current); dgrad first, then the forward, against
+    the fp64 gather reference."""
+    import threading
+
+    c = lidar_crop().cuda()
+    x = randn(c.shape[0], 128, dtype=torch.float16, device="cuda", seed=1)
+    w = randn(27, 128, 128, dtype=torch.float16, device="cuda", seed=2, scale=0.05)
+    dy = randn(c.shape[0], 128, dtype=torch.float16, device="cuda", seed=3)
+    km = torchsp.kmap.get_kernel_map(torchsp.SparseTensor(x, c), torchsp.kmap.ConvGeometry(3))[0]
+    a = [0, tile, 0, 0]
+    ops = torch.ops.torchsp
+    want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
+    want_y = ref.gather_conv(x, km.nbmap, w)
+    ops.conv_dgrad(dy, w, km.nbmap_t, a, km.order_t)  # the pool holds blocks of these sizes now
+    ops.conv_fwd(x, w, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
+    torch.cuda.synchronize()
+    got = {}
+
+    def work():
+        try:
+            got["dx"] = ops.conv_dgrad(dy, w, km.nbmap_t, a, km.order_t)
+            got["y"] = ops.conv_fwd(x, w, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported below, on the test's thread
+            got["error"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert "error" not in got, got.get("error")
+    assert rel_err(got["dx"], want_dx) <= TOL[torch.float16], rel_err(got["dx"], want_dx)
+    assert rel_err(got["y"], want_y) <= TOL[torch.float16], rel_err(got["y"], want_y)
+
+
+@needs_cuda
 @pytest.mark.parametrize("cin,cout,tile", [(64, 64, 13), (128, 128, 12), (256, 256, 15), (72, 136, 12)])
 def test_wgrad_offset_groups_whole_scan(cin, cout, tile):
     """wgrad over pair slots (dataflow 1) on the whole sweep at 0.2 m (67k voxels, 3x3x3), where

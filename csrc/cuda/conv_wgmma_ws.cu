@@ -66,6 +66,8 @@
 #define TSP_WGMMA_DEVICE 1
 #endif
 
+#include <stdio.h>
+
 #include <cuda.h> /* CUtensorMap and its encoder's types only: the encoder is fetched at run time */
 
 #include "conv_internal.cuh"
@@ -703,11 +705,25 @@ static tsp_status ws_weight_map(CUtensorMap *map, const tsp_os_launch &a, int bt
   const cuuint64_t dims[3] = {inner, outer, (cuuint64_t)a.volume};
   const cuuint64_t pitches[2] = {inner * 2, inner * outer * 2}; /* bytes, dims 1 and 2 */
   const cuuint32_t box[3] = {64, (cuuint32_t)(bt ? 64 : bn), 1}, unit[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, (void *)a.w, dims, pitches, box, unit,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return tsp_cuda_check(r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue,
-                        "tsp_conv_wgmma_ws: the tensor map of w (cuTensorMapEncodeTiled)");
+  CUresult r = CUDA_SUCCESS;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, (void *)a.w, dims, pitches, box, unit,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_ERROR_INVALID_CONTEXT) break;
+    /* The encoder is a driver call and needs a current context.  A host thread
+    ** whose first CUDA work is this pass has none: autograd's device thread in a
+    ** backward, whose device guard skips cudaSetDevice when the device already is
+    ** the thread's (H100, 2026-11-26: a bench whose first layer was C = 128 failed
+    ** in conv_dgrad).  cudaSetDevice (CUDA 12) and cudaFree(0) make the device's
+    ** primary context current; then once more. */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaSetDevice(dev) != cudaSuccess || cudaFree(0) != cudaSuccess) break;
+  }
+  if (r == CUDA_SUCCESS) return TSP_OK;
+  char where[128];
+  snprintf(where, sizeof where, "tsp_conv_wgmma_ws: the tensor map of w (cuTensorMapEncodeTiled returned %d)", (int)r);
+  return tsp_cuda_check(cudaErrorInvalidValue, where);
 }
 
 template <typename T, int BN, int STAGES, int PW, int MINB, bool PP, bool BT>
