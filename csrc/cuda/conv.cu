@@ -218,7 +218,8 @@ static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 /* Workspace of tiles 14-17: their tile counter, where the blocks read it
 ** (tsp_conv_wgmma_ws_counted over all the pass's rows: no segment has more;
 ** launch_ws zeroes it; a segmented pass's launches take turns with it, in stream
-** order).  Passes with fewer tiles (a U-Net's deep levels) allocate nothing. */
+** order).  Passes with fewer tiles (a U-Net's deep levels) allocate nothing.
+** 256 bytes for a 4-byte counter: the fp32 partials after it stay aligned. */
 enum { WS_COUNTER_BYTES = 256 };
 
 /* Split-K's runs per tile (TSP_DATAFLOW_SPLIT_K, the shim checks 2 .. TSP_SPLIT_K_MAX); 1: none. */
