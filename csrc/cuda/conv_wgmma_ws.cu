@@ -842,7 +842,20 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 **     n = 64 with 4 / 6 / 8 stages, C = 64 fwd 70.2 / 71.0 / 70.7, down3
 **     C = 64 99.9 / 100.3 / 99.8; n = 128 with 4 / 5 / 6, C = 128 fwd 118.8
 **     / 123.3 / 120.6, down3 C = 128 105.4 / 108.0 / 106.0: the copies
-**     already run far enough ahead. */
+**     already run far enough ahead.
+** Where the time goes (2026-11-26, H100, main kernel us, builds with
+** timing-only switches that skip parts after the first lap of stages):
+** subm C = 128 at 0.1 m fwd 93.9; no copies 89.0, no wgmma 71.2, neither
+** 55.1, and with no epilogue stores either 48.0.  So half the kernel is the
+** flow (tile builds, counter, barriers), and of that ~38 of 53 us scale with
+** the steps (every tile cut to one step: 14.8): ~240 ns of barrier round
+** trips per (offset, 64-channel) step, against ~350 ns of wgmma in a full
+** 128 x 128 x 64 step.  Not the cause, each tried: one `full` arrival per
+** producer warp instead of per thread (flow 57.4 against 54.2; lagged by two
+** steps on real data, full kernel 112.5 against 100.9), the consumers'
+** proxy fence (55.0 against 54.7), the producers' map-entry loads (51.8).
+** L2 is 57% busy (Nsight Compute), so the weights' traffic is not it either
+** (skipping B's copies: 92.4 -> 89.9).  Fewer, larger steps is the lead. */
 /* bt: the forward's w [V, red, n], B read MN-major; else dgrad's [V, n, red]. */
 template <typename T, bool BT> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(tile, a.n);
