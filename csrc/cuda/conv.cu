@@ -261,12 +261,13 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
   return bytes;
 }
 
-/* The shim asks once per pass with that pass's problem: the size covers
-** forward (segs), dgrad (segs_t) and wgrad's fp32 partials, whichever is set. */
-/* Forward and dgrad: the output-stationary passes' tile counters, K-major weights and fp32
-** partials only.  Why not wgrad's row-chunk partials too (as before 2026-11-26): a forward
-** then allocated chunks * V * Cin * Cout floats it never touched, an allocator call on every
-** forward (C = 32 at 0.05 m) and 7 MB per chunk at C = 256. */
+/* The shim asks once per pass with that pass's problem: the size covers the
+** forward (segs) and dgrad (segs_t) output-stationary passes' tile counters,
+** K-major weights and fp32 partials, whichever is set; wgrad asks
+** tsp_conv_cuda_wgrad_workspace.  Why not wgrad's row-chunk partials here too
+** (as before 2026-11-26): a forward then allocated chunks * V * Cin * Cout
+** floats it never touched, an allocator call on every forward (C = 32 at
+** 0.05 m) and 7 MB per chunk at C = 256. */
 size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
   size_t bytes = os_workspace(prob, prob->n_out, prob->c_in, prob->c_out, prob->segs, prob->n_segs);
