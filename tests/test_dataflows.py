@@ -398,6 +398,42 @@ def test_ws_tiles_first_cuda_call_of_a_thread(tile):
 
 
 @needs_cuda
+@pytest.mark.parametrize("tile", [15, 16, 17])
+def test_ws_tiles_weight_map_memo(tile):
+    """The warp-specialized passes remember the tensor maps of w they encoded (per host thread,
+    8 of them, keyed by w's address, dims and box: csrc/cuda/conv_wgmma_ws.cu ws_map_lookup).  A
+    key that missed a field would hand a pass another weight's map.  So: ten weights of one
+    shape, each pass against the fp64 gather reference, twice round (more keys than slots, so
+    entries are evicted and re-encoded); forward and dgrad on one weight (the same address, dims
+    transposed); and two views at one address with different dims (w [27, 128, 128] and the
+    first 27 x 128 x 64 elements as [27, 128, 64]), alternating."""
+    c = lidar_crop().cuda()
+    x = randn(c.shape[0], 128, dtype=torch.float16, device="cuda", seed=1)
+    dy = randn(c.shape[0], 128, dtype=torch.float16, device="cuda", seed=3)
+    km = torchsp.kmap.get_kernel_map(torchsp.SparseTensor(x, c), torchsp.kmap.ConvGeometry(3))[0]
+    a = [0, tile, 0, 0]
+    ops = torch.ops.torchsp
+    ws = [randn(27, 128, 128, dtype=torch.float16, device="cuda", seed=10 + i, scale=0.05) for i in range(10)]
+    want = [ref.gather_conv(x, km.nbmap, w) for w in ws]
+    for _ in range(2):
+        for i, w in enumerate(ws):
+            y = ops.conv_fwd(x, w, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
+            assert rel_err(y, want[i]) <= TOL[torch.float16], (i, rel_err(y, want[i]))
+    w = ws[3]
+    dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, km.order_t)
+    want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
+    assert rel_err(dx, want_dx) <= TOL[torch.float16], rel_err(dx, want_dx)
+    narrow = w.reshape(-1)[: 27 * 128 * 64].view(27, 128, 64)
+    assert narrow.data_ptr() == w.data_ptr()
+    want_narrow = ref.gather_conv(x, km.nbmap, narrow)
+    for _ in range(2):
+        y = ops.conv_fwd(x, narrow, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
+        assert y.shape == (c.shape[0], 64) and rel_err(y, want_narrow) <= TOL[torch.float16], rel_err(y, want_narrow)
+        y = ops.conv_fwd(x, w, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t)
+        assert rel_err(y, want[3]) <= TOL[torch.float16], rel_err(y, want[3])
+
+
+@needs_cuda
 @pytest.mark.parametrize("cin,cout,tile", [(64, 64, 13), (128, 128, 12), (256, 256, 15), (72, 136, 12)])
 def test_wgrad_offset_groups_whole_scan(cin, cout, tile):
     """wgrad over pair slots (dataflow 1) on the whole sweep at 0.2 m (67k voxels, 3x3x3), where
