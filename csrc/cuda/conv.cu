@@ -161,7 +161,11 @@ static int fast_dtype(tsp_dtype dtype) {
 ** tile 16 then wrote a weight image first; with both epilogues staged, main
 ** kernel, 2026-11-25: C = 64 fwd 64.3 against 61.4, down3 C = 64 93.2
 ** against 83.8, before tile 13 went to three blocks per SM; without the
-** image, 2026-11-26, all kernels: fwd 51.2 for tile 16 against 45.5);
+** image, 2026-11-26, all kernels: fwd 51.2 for tile 16 against 45.5; again
+** on the strided 64-channel layers, whose rows have one or two neighbours,
+** main kernel, two rounds, tiles 13 / 16 / 17, fwd: subm 45.0 / 50.1 / 50.7,
+** down2 17.9 / 23.7 / 23.8, down3 54.4 / 64.8 / 64.9, up2 21.5 / 30.7 /
+** 30.6, dgrad likewise, session 35);
 ** else mma.sync, which stays faster at C = 32 (56 vs 107 for tile 15, 114
 ** for wgmma tile 9; op call 39.7 against 53.5 for tile 13 at three blocks
 ** per SM, 2026-11-25).

@@ -905,7 +905,22 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 ** steps on real data, full kernel 112.5 against 100.9), the consumers'
 ** proxy fence (55.0 against 54.7), the producers' map-entry loads (51.8).
 ** L2 is 57% busy (Nsight Compute), so the weights' traffic is not it either
-** (skipping B's copies: 92.4 -> 89.9).  Fewer, larger steps is the lead. */
+** (skipping B's copies: 92.4 -> 89.9).
+** Fewer, larger steps, tried next and not kept (2026-11-26, session 35): the
+** ping-pong tile in 128-channel steps (two 64-channel sub-blocks a stage, 3
+** stages, one barrier round trip per offset at C = 128; the fp64 tests passed),
+** main kernel, two rounds each way in one build, fwd: subm C = 128 92.4 / 92.7
+** -> 101.3 / 100.6, down2 C = 128 26.6 -> 37.4, down3 65.8 -> 77.4, up2 31.7
+** -> 50.7, C = 128 at 0.4 m 31.7 -> 33.8, only C = 256 at 0.8 m faster (51.7
+** -> 49.3); dgrad alike.  Half the round trips took no time off, so their
+** count is not the per-step cost either.  Also not kept, same day: this kernel
+** as a programmatic dependent launch of the kernel before it (griddepcontrol
+** .wait ahead of every global access): op calls back to back, event us,
+** medians of three processes each way, C = 128 at 0.4 m fwd 33.95 against
+** 34.35, subm C = 128 101.9 / 101.5, C = 256 at 0.8 m 54.8 / 54.7, while
+** cudaLaunchKernelEx and the capture query added host time (subm C = 128 fwd
+** 25.6 against 15.9 us a call); with an event recorded between calls, as
+** tools/bench.py times them, no kernel precedes it to overlap. */
 /* bt: the forward's w [V, red, n], B read MN-major; else dgrad's [V, n, red]. */
 template <typename T, bool BT> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(tile, a.n);
