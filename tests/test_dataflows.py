@@ -402,11 +402,12 @@ def test_ws_tiles_first_cuda_call_of_a_thread(tile):
 def test_ws_tiles_weight_map_memo(tile):
     """The warp-specialized passes remember the tensor maps of w they encoded (per host thread,
     8 of them, keyed by w's address, dims and box: csrc/cuda/conv_wgmma_ws.cu ws_map_lookup).  A
-    key that missed a field would hand a pass another weight's map.  So: ten weights of one
-    shape, each pass against the fp64 gather reference, twice round (more keys than slots, so
-    entries are evicted and re-encoded); forward and dgrad on one weight (the same address, dims
-    transposed); and two views at one address with different dims (w [27, 128, 128] and the
-    first 27 x 128 x 64 elements as [27, 128, 64]), alternating."""
+    key that missed a field would hand a pass another weight's map.  So, each pass against the
+    fp64 gather reference: ten weights of one shape, twice round (more keys than the 8 slots, so
+    entries are evicted and encoded again); dgrad on a weight whose forward map is remembered
+    (one address and dims, another box except at tile 17's 64 columns, where the two encodings
+    are the same); and two views at one address with different dims (w [27, 128, 128] and its
+    first 27 x 128 x 64 elements as [27, 128, 64]), alternating, so both are found there."""
     c = lidar_crop().cuda()
     x = randn(c.shape[0], 128, dtype=torch.float16, device="cuda", seed=1)
     dy = randn(c.shape[0], 128, dtype=torch.float16, device="cuda", seed=3)

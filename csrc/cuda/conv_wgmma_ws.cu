@@ -698,9 +698,10 @@ static ws_encode_fn ws_encoder(void) {
 ** at one address from call to call (an optimizer steps it in place), and the
 ** encoder is a driver call on the host in every pass: 2.2 us a call through
 ** ctypes on the H100 machine's host (2026-11-26).  Measured end to end, a
-** pass's host time stayed within that host's noise (op calls, medians of
-** three processes each way, fwd us: C = 128 at 0.4 m 14.9 against 16.1
-** without, down2 C = 128 18.1 / 17.8, C = 256 at 0.8 m 16.1 / 15.4).  A map
+** pass's host time stayed within that host's noise (forward op calls, host
+** us a call, medians of three processes each way: C = 128 at 0.4 m 14.9
+** against 16.1 without, down2 C = 128 18.1 / 17.8, C = 256 at 0.8 m 16.1 /
+** 15.4).  A map
 ** is only a description of the address and extents, so an entry that outlives
 ** its tensor is still exactly what a new encoding of that key would give.
 ** Per thread: no lock, and a thread's first pass still encodes (the retry
