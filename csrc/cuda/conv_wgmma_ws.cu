@@ -921,7 +921,20 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 ** 34.35, subm C = 128 101.9 / 101.5, C = 256 at 0.8 m 54.8 / 54.7, while
 ** cudaLaunchKernelEx and the capture query added host time (subm C = 128 fwd
 ** 25.6 against 15.9 us a call); with an event recorded between calls, as
-** tools/bench.py times them, no kernel precedes it to overlap. */
+** tools/bench.py times them, no kernel precedes it to overlap.
+** Nsight Compute's source view, same day (subm C = 128 fwd, 99.5 us under
+** the profiler; 20814 warpgroup steps, 158 per SM): 94% of the steps use
+** both 64-row halves (8 HGMMA); per step and warp the consumers execute ~160
+** instructions (~95 of them rebuild the wgmma descriptors) and the producers
+** ~170 for their 8 cp.async (~20 per 16-byte copy: 64-bit addresses, the
+** zero-fill predicates, map entries every other step); the issue slots are
+** 37% busy, the stalls mostly long scoreboard and fixed-latency waits.  The
+** consumers re-test `full` ~10 times a step on average, the producers
+** `empty` ~2 times.  More stages did not help, so the prefetch depth is not
+** what they wait for: 5 / 6 stages (6 without the staged epilogue), main
+** kernel, two rounds: subm C = 128 fwd 92.9 -> 94.9 / 105.9, down3 65.6 ->
+** 66.3 / 79.6, C = 128 at 0.4 m 32.0 -> 33.3 / 36.5.  Next lead: the
+** producers' instructions per copy. */
 /* bt: the forward's w [V, red, n], B read MN-major; else dgrad's [V, n, red]. */
 template <typename T, bool BT> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(tile, a.n);
