@@ -86,13 +86,19 @@ static inline int64_t tsp_wgrad_chunks(const tsp_conv_problem *p) {
 ** version is often 0): a conv pass asks several times, and on a virtualised
 ** host each runtime call costs.  A race between host threads writes the same
 ** value twice. */
-static inline int tsp_device_attr(cudaDeviceAttr attr, int *known) {
-  int dev = 0, v = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+static inline int tsp_device_attr_of(cudaDeviceAttr attr, int dev, int *known) {
+  int v = 0;
   if (dev >= 0 && dev < 64 && known[dev] != 0) return known[dev] - 1;
   if (cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) return 0;
   if (dev >= 0 && dev < 64) known[dev] = v + 1;
   return v;
+}
+
+/* The same for the current device. */
+static inline int tsp_device_attr(cudaDeviceAttr attr, int *known) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  return tsp_device_attr_of(attr, dev, known);
 }
 
 /* Compute capability of the current device as 10 * major + minor, 0 on error. */
@@ -125,7 +131,7 @@ static inline tsp_status tsp_raise_smem_limit(const void *kernel, size_t bytes, 
   ** of an H100 host's ~20 us per pass, torch.profiler, 2026-11-26).  0: not
   ** known, so ask again for the error. */
   static int optin[64];
-  int max_optin = tsp_device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin, optin);
+  int max_optin = tsp_device_attr_of(cudaDevAttrMaxSharedMemoryPerBlockOptin, dev, optin);
   if (max_optin == 0) {
     s = tsp_cuda_check(cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                        where);

@@ -261,10 +261,10 @@ static __device__ __forceinline__ uint32_t ws_step_wait(const tsp_tile_smem &til
 }
 
 /* src [src_rows, red]; wmap: the tensor map of w (launch_ws: [V, red, n] with
-** BT, the forward's, else [V, n, red]); out [rows, n]; next_tile: a counter,
-** zero at launch where the blocks take tiles from it, that is where there are
-** more than one (PP: two) per block (`counted`; launch_ws zeroes it then);
-** `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
+** BT, the forward's, else [V, n, red]); out [rows, n]; next_tile: a counter
+** the blocks take tiles from where `counted` (launch_ws decides, ws_counted:
+** more tiles than each block's first, PP: first two; it zeroes the counter
+** then); `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
 ** Split-K (splits > 1): tile t is run t % splits of row/column tile t / splits
 ** (tsp_tile_origin_split's order), its sums in accum + run * rows * n.
 ** PP (tile 16, needs tbufs == 2): ping-pong consumers, see the consumers' PP branch;
@@ -275,8 +275,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
                     int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
                     int n, T *__restrict__ out, float *__restrict__ accum, int mode,
-                    int *__restrict__ next_tile, int tiles, int tbufs, int splits, int staged,
-                    const int32_t *__restrict__ plan_steps) {
+                    int *__restrict__ next_tile, int counted, int tiles, int tbufs, int splits,
+                    int staged, const int32_t *__restrict__ plan_steps) {
   enum { BM = WS_BM, BK = WS_BK, PT = 32 * PW, NT = WS_CONSUMERS + PT };
   const bool from_steps = plan_steps != nullptr; /* a step plan (conv_tile.cuh; conv.cu: plain passes only) */
   /* tile 15 at BN = 256: registers to the producers (WS_WIDE_*_REGS) */
@@ -312,8 +312,6 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   }
   __syncthreads(); /* publishes the barriers; the last block-wide barrier */
   const int chunks = (red + BK - 1) / BK;
-  /* more tiles than the blocks' first (PP: first two): the rest come from the counter */
-  const bool counted = tiles > (PP ? 2 : 1) * (int)gridDim.x;
 
   if (tid >= WS_CONSUMERS) { /* producer warps */
     if (PP) ws_set_max_regs<false, WS_PP_PRODUCER_REGS>();
@@ -719,7 +717,7 @@ static thread_local int ws_map_next; /* the slot the next new encoding takes (ro
 static ws_map_memo *ws_map_lookup(const void *w, const cuuint64_t dims[3], cuuint32_t box1) {
   for (int i = 0; i < WS_MAP_MEMOS; ++i) {
     ws_map_memo *m = &ws_map_memos[i];
-    if (m->w == w && w != NULL && m->dims[0] == dims[0] && m->dims[1] == dims[1] && m->dims[2] == dims[2] &&
+    if (m->w == w && m->dims[0] == dims[0] && m->dims[1] == dims[1] && m->dims[2] == dims[2] &&
         m->box1 == box1)
       return m;
   }
@@ -809,8 +807,8 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   }
   wgmma_ws_kernel<T, BN, STAGES, PW, MINB, PP, BT><<<(unsigned)blocks, WS_CONSUMERS + 32 * PW, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, wmap, a.map, a.order, tsp_os_plan_map(&a), a.rows, a.tile_rows, a.offsets,
-      (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter, (int)tiles, tbufs, splits,
-      staged, a.steps);
+      (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, a.tile_counter, counted, (int)tiles, tbufs,
+      splits, staged, a.steps);
   return tsp_cuda_check_launch("tsp_conv_wgmma_ws");
 }
 

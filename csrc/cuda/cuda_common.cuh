@@ -41,4 +41,17 @@ static inline unsigned int tsp_grid_blocks(int64_t n, int threads) {
   return tsp_grid_blocks_max(n, threads, 65535LL * 32);
 }
 
+#ifdef __CUDACC__
+/* Inclusive prefix sum of x over the 32 lanes of a full warp, in lane order:
+** five shuffles, no shared memory (tile_pack.cu, tile_steps.cu). */
+static __device__ __forceinline__ int tsp_warp_scan(int x, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  return x;
+}
+#endif
+
 #endif /* TSP_CUDA_COMMON_CUH */

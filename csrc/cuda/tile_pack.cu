@@ -34,16 +34,6 @@ static_assert(TSP_PACK_WINDOW % PACK_THREADS == 0 && TSP_PACK_WINDOW % TSP_PACK_
               "whole tiles and threads per window");
 static_assert(TSP_PACK_WINDOW <= 8192, "run indices and entries left fit 13 and 14 bits of the keys");
 
-/* Inclusive prefix sum of x over the warp's lanes in lane order: five shuffles, no shared memory. */
-static __device__ __forceinline__ int warp_scan(int x, int lane) {
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  return x;
-}
-
 /* The warp's maximum (MAX) or minimum of k; a butterfly, so every lane gets it. */
 template <bool MAX>
 static __device__ __forceinline__ uint64_t warp_reduce(uint64_t k) {
@@ -59,11 +49,11 @@ static __device__ __forceinline__ uint64_t warp_reduce(uint64_t k) {
 ** Two barriers; every thread calls it. */
 static __device__ __forceinline__ int pack_scan(int v, int32_t *wsum, int *total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int x = warp_scan(v, lane);
+  const int x = tsp_warp_scan(v, lane);
   if (lane == 31) wsum[warp] = x;
   __syncthreads();
   const int w = wsum[lane]; /* every warp scans the 32 warp sums itself */
-  const int s = warp_scan(w, lane);
+  const int s = tsp_warp_scan(w, lane);
   const int before = __shfl_sync(0xffffffffu, s - w, warp);
   *total = __shfl_sync(0xffffffffu, s, 31);
   __syncthreads(); /* wsum is free again */
@@ -74,14 +64,14 @@ static __device__ __forceinline__ int pack_scan(int v, int32_t *wsum, int *total
 static __device__ __forceinline__ int pack_scan_max(int v, uint64_t k, int32_t *wsum, uint64_t *wkey,
                                                     uint64_t *kmax) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int x = warp_scan(v, lane);
+  const int x = tsp_warp_scan(v, lane);
   k = warp_reduce<true>(k);
   if (lane == 31) wsum[warp] = x;
   if (lane == 0) wkey[warp] = k;
   __syncthreads();
   const int w = wsum[lane];
   k = wkey[lane];
-  const int s = warp_scan(w, lane);
+  const int s = tsp_warp_scan(w, lane);
   k = warp_reduce<true>(k);
   const int before = __shfl_sync(0xffffffffu, s - w, warp);
   *kmax = k;
@@ -215,13 +205,8 @@ __global__ void __launch_bounds__(PACK_THREADS, 1)
       __syncthreads();
       if (warp == 0) { /* p*: the popcount, from the top, at which the tile fills; -1: it does not */
         const int c0 = bucket[64 - lane], c1 = bucket[32 - lane], c2 = bucket[0]; /* d = lane, lane + 32, 64 */
-        int s0 = c0, s1 = c1;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-          const int y0 = __shfl_up_sync(0xffffffffu, s0, o), y1 = __shfl_up_sync(0xffffffffu, s1, o);
-          if (lane >= o) s0 += y0, s1 += y1;
-        }
-        s1 += __shfl_sync(0xffffffffu, s0, 31);
+        const int s0 = tsp_warp_scan(c0, lane);
+        const int s1 = tsp_warp_scan(c1, lane) + __shfl_sync(0xffffffffu, s0, 31);
         const int t1 = __shfl_sync(0xffffffffu, s1, 31), t2 = t1 + c2;
         const uint32_t f0 = __ballot_sync(0xffffffffu, s0 >= need), f1 = __ballot_sync(0xffffffffu, s1 >= need);
         int pstar = -1, before = 0; /* before: what the popcounts above p* give */

@@ -82,12 +82,7 @@ __global__ void __launch_bounds__(SCHED_THREADS)
   if (warp == 0) { /* starts, by decreasing count: lane l takes counts V - 3 l .. V - 3 l - 2 */
     const int c0 = volume - 3 * lane, c1 = c0 - 1, c2 = c0 - 2;
     const int a = c0 >= 0 ? next[c0] : 0, b = c1 >= 0 ? next[c1] : 0, d = c2 >= 0 ? next[c2] : 0;
-    int incl = a + b + d;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int u = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += u;
-    }
+    const int incl = tsp_warp_scan(a + b + d, lane);
     const int excl = incl - a - b - d;
     __syncwarp();
     if (c0 >= 0) next[c0] = excl;
