@@ -38,15 +38,32 @@ static __device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lb
          ((uint64_t)((sbo >> 4) & 0x3FFF) << 32);
 }
 
+/* The 128-byte swizzle descriptors below in two words: the high one is the
+** same for all of them (SBO = 1024 bytes, layout type 1), the low one holds
+** the start address >> 4 (14 bits) and LBO.  Why split: a kernel that walks
+** stages computes a stage's low words once and adds byte offsets >> 4 to them
+** (no carry leaves the 14-bit field: shared addresses stay below 256 KB)
+** instead of rebuilding each wgmma's descriptor from a pointer (Nsight
+** Compute, ping-pong tile at C = 128: ~95 of the consumers' ~160
+** instructions a step did that, 2026-11-26). */
+enum { WG_DESC_SW128_HI = (1024 >> 4) | (1 << 30) };
+static __device__ __forceinline__ uint64_t wg_desc_of_lo(uint32_t lo) {
+  return ((uint64_t)WG_DESC_SW128_HI << 32) | lo;
+}
+static __device__ __forceinline__ uint32_t wg_desc_lo_sw128(const void *smem) {
+  return ((tsp_smem_addr(smem) & 0x3FFFF) >> 4) | (1u << 16);
+}
+static __device__ __forceinline__ uint32_t wg_desc_lo_sw128_mn(const void *smem, uint32_t lbo) {
+  return ((tsp_smem_addr(smem) & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
+}
+
 /* The same for the 128-byte swizzle (layout type 1): K-major rows of 64
 ** 16-bit elements (128 bytes) at a 128-byte pitch, the 16-byte chunk c of row
 ** r stored at chunk c ^ (r % 8); 8-row groups 1024 bytes apart (SBO); LBO
 ** unused (1).  The atom must start 1024-byte aligned; a k16 slice inside it
 ** starts 32 bytes on. */
 static __device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem) {
-  const uint64_t addr = tsp_smem_addr(smem);
-  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
-         ((uint64_t)1 << 62);
+  return wg_desc_of_lo(wg_desc_lo_sw128(smem));
 }
 
 /* The 128-byte swizzle for MN-major operands (wgrad's A and B, the forward's
@@ -56,9 +73,7 @@ static __device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem) {
 ** channels (PTX ISA: "Leading Dimension Byte Offset", MN-major swizzled).
 ** The atom must start 1024-byte aligned; a k16 slice starts 2048 bytes on. */
 static __device__ __forceinline__ uint64_t wg_desc_sw128_mn(const void *smem, uint32_t lbo) {
-  const uint64_t addr = tsp_smem_addr(smem);
-  return ((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-         ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+  return wg_desc_of_lo(wg_desc_lo_sw128_mn(smem, lbo));
 }
 
 static __device__ __forceinline__ void wg_fence() {

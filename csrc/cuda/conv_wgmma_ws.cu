@@ -209,16 +209,28 @@ template <bool INC, int N> static __device__ __forceinline__ void ws_set_max_reg
 #endif
 }
 
-/* One k16 wgmma of a stage: acc += A (64 rows at a_s, K-major) B (b_s: K-major
-** rows of produced channels, or with BT the forward's MN-major blocks of 64
-** reduced x 64 produced channels, 8 KB apart, read transposed). */
+/* One k16 wgmma of a stage: acc += A (64 K-major rows) B (K-major rows of
+** produced channels, or with BT the forward's MN-major blocks of 64 reduced x
+** 64 produced channels, 8 KB apart, read transposed), given the low words of
+** their descriptors at k = 0 (wg_desc_of_lo, ws_desc_lo0).  A k16 slice
+** starts 32 bytes on in A and in K-major B, 16 rows of 128 bytes on in
+** MN-major B. */
 template <int BN, bool BT, typename T, int N>
-static __device__ __forceinline__ void ws_k16(float (&acc)[N], const T *a_s, const T *b_s, int ks) {
+static __device__ __forceinline__ void ws_k16(float (&acc)[N], uint32_t a_lo, uint32_t b_lo, int ks) {
+  const uint64_t a = wg_desc_of_lo(a_lo + ks * (16 * 2 >> 4));
   if (BT)
-    wg_op<BN>::template run_bt<T>(acc, wg_desc_sw128(a_s + ks * 16),
-                                  wg_desc_sw128_mn(b_s + ks * 16 * 64, WS_BK * 64 * 2));
+    wg_op<BN>::template run_bt<T>(acc, a, wg_desc_of_lo(b_lo + ks * (16 * 64 * 2 >> 4)));
   else
-    wg_op<BN>::template run<T>(acc, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
+    wg_op<BN>::template run<T>(acc, a, wg_desc_of_lo(b_lo + ks * (16 * 2 >> 4)));
+}
+
+/* The descriptors' low words of stage 0's A and B (B MN-major with BT, 64 x
+** 64 blocks 8 KB apart); a stage adds its byte offset >> 4, and so does A's
+** second 64-row half. */
+template <bool BT> static __device__ __forceinline__ void ws_desc_lo0(const void *s_a, const void *s_b, uint32_t *a_lo,
+                                                                      uint32_t *b_lo) {
+  *a_lo = wg_desc_lo_sw128(s_a);
+  *b_lo = BT ? wg_desc_lo_sw128_mn(s_b, WS_BK * 64 * 2) : wg_desc_lo_sw128(s_b);
 }
 
 /* One ping-pong step: the stage's 4 k16 wgmma into the accumulators of the
@@ -227,13 +239,13 @@ static __device__ __forceinline__ void ws_k16(float (&acc)[N], const T *a_s, con
 ** calls one instantiation per case, each a straight run of fence, wgmma,
 ** commit and wait. */
 template <int BN, bool U0, bool U1, bool BT, typename T, int N>
-static __device__ __forceinline__ void ws_pp_step(float (&acc0)[N], float (&acc1)[N], const T *a_s,
-                                                  const T *b_s) {
+static __device__ __forceinline__ void ws_pp_step(float (&acc0)[N], float (&acc1)[N], uint32_t a_lo,
+                                                  uint32_t b_lo) {
   wg_fence();
 #pragma unroll
   for (int ks = 0; ks < WS_BK / 16; ++ks) {
-    if (U0) ws_k16<BN, BT>(acc0, a_s, b_s, ks);
-    if (U1) ws_k16<BN, BT>(acc1, a_s + 64 * WS_BK, b_s, ks);
+    if (U0) ws_k16<BN, BT, T>(acc0, a_lo, b_lo, ks);
+    if (U1) ws_k16<BN, BT, T>(acc1, a_lo + (64 * WS_BK * 2 >> 4), b_lo, ks);
   }
   wg_commit();
   wg_wait<1>(); /* the previous step's wgmma has read its stage */
@@ -249,14 +261,26 @@ static __device__ __forceinline__ void ws_wg_sync(int wg) {
 /* The index of the next tile a block takes: word 1 of a tile buffer's count. */
 static __device__ __forceinline__ int32_t *ws_tile_index(const tsp_tile_smem &t) { return t.count + 1; }
 
-/* A consumer's step g of its tile: advances (li, ch) through the tile's
-** (offset, 64-channel chunk) steps, waits until the step's stage is full and
-** returns which 16-row groups of the tile use the step's offset. */
-static __device__ __forceinline__ uint32_t ws_step_wait(const tsp_tile_smem &tile, int &li, int &ch,
-                                                        int chunks, uint64_t *full, int g, int stages) {
-  const uint32_t groups = tile.groups[tile.list[li]];
-  if (++ch == chunks) ch = 0, ++li;
-  mb_wait(&full[g % stages], (g / stages) & 1);
+/* Which 16-row groups of the tile use its li-th listed offset (0 past the list). */
+static __device__ __forceinline__ uint32_t ws_groups_of(const tsp_tile_smem &tile, int li, int count) {
+  return li < count ? tile.groups[tile.list[li]] : 0u;
+}
+
+/* A consumer's step g of its tile: returns which 16-row groups use the step's
+** offset (`next`, read a step ahead), advances (li, ch) through the tile's
+** (offset, 64-channel chunk) steps, and waits until the step's stage is full.
+** Why a step ahead: the two dependent shared loads were on the consumers'
+** path from one step's wgmma to the next (Nsight Compute, ping-pong tile at
+** C = 128, 2026-11-26); issued before the wait, they land during it. */
+template <int STAGES>
+static __device__ __forceinline__ uint32_t ws_step_wait(const tsp_tile_smem &tile, int &li, int &ch, int chunks,
+                                                        int count, uint32_t &next, uint64_t *full, uint32_t g) {
+  const uint32_t groups = next;
+  if (++ch == chunks) {
+    ch = 0;
+    next = ws_groups_of(tile, ++li, count);
+  }
+  mb_wait(&full[g % STAGES], (g / STAGES) & 1);
   return groups;
 }
 
@@ -327,7 +351,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     const int p = tid - WS_CONSUMERS, cc = p & 7, r0 = p >> 3;
     /* Every row r_it has r_it % 8 == r0 % 8 (RSTEP is a multiple of 8): one swizzled slot. */
     const int dst0 = r0 * 64 + ((cc ^ r0) & 7) * 8;
-    int g = 0; /* steps issued by this block so far: stage g % STAGES, round g / STAGES */
+    uint32_t g = 0; /* steps issued by this block so far: stage g % STAGES, round g / STAGES */
     for (int i = 0;; ++i) {
       const int tb = i % tbufs;
       const tsp_tile_smem tile = tsp_tile_smem_at(tile_base + tb * tile_bytes, BM, volume);
@@ -358,8 +382,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         mb_arrive(&tile_full[tb]); /* release: the consumers see the tile */
       }
       const int steps = *tile.count * chunks;
-      /* Per offset: row r_it's source (chunk cc of its first 64 channels; src
-      ** itself when absent, then read as 0 bytes), its bytes (16, or 0 when
+      /* Per offset: row r_it's source (chunk cc of its first 64 channels; row 0
+      ** when absent, then read as 0 bytes), its bytes (16, or 0 when
       ** absent) and which 64-row blocks use the offset at all (bit b of
       ** `blocks`; row r_it is in block RSTEP it / 64, a constant of the
       ** unrolled loop). */
@@ -367,7 +391,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       uint32_t have[CPT], blocks = 0;
       int li = 0, ch = 0;
       for (int step = 0; step < steps; ++step, ++g) {
-        const int s = g % STAGES;
+        const uint32_t s = g % STAGES;
         const int k = tile.list[li];
         if (ch == 0) { /* a new offset */
           const uint32_t used = tile.groups[k];
@@ -377,16 +401,22 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
           int32_t q[CPT];
 #pragma unroll
           for (int it = 0; it < CPT; ++it) q[it] = tsp_tile_entry(tile, from_steps, BM, volume, r0 + RSTEP * it, li, k);
+          /* Unsigned, the row clamped to 0 when absent (then read as 0 bytes): one
+          ** wide multiply-add and a shift-add pair a row, where the signed 64-bit
+          ** form took ~17 instructions (Nsight Compute, 2026-11-26). */
 #pragma unroll
           for (int it = 0; it < CPT; ++it) {
             have[it] = q[it] >= 0 ? 16u : 0u;
-            from[it] = src + (q[it] >= 0 ? (int64_t)q[it] * red + cc * 8 : 0);
+            from[it] = src + ((uint64_t)(uint32_t)max(q[it], 0) * (uint32_t)red + (uint32_t)(cc * 8));
           }
         }
         const int c0 = ch * BK;
         const uint32_t bytes = c0 + cc * 8 < red ? 16 : 0; /* 0: the chunk is past red, zeros */
         mb_wait(&empty[s], ((g / STAGES) & 1) ^ 1); /* round 0 passes on the fresh barrier */
-        if (p == 0) { /* B first: the larger copy is in flight while the rows are issued */
+        /* B first, the larger copy in flight while the rows are issued, by lane 0
+        ** of each producer warp in turn: the warp that issues it runs ~25
+        ** instructions more that step, and `full` waits for the slowest warp. */
+        if (p == 32 * (int)(s % PW)) {
           mb_arrive_expect_tx(&full[s], B_STAGE * 2); /* zero-filled bytes count too */
           if (BT) {
 #pragma unroll
@@ -414,6 +444,10 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   }
 
   const int wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
+  /* wgmma descriptors' low words at stage 0 (ws_k16) and what a stage adds */
+  enum { A_DESC_STAGE = A_STAGE * 2 >> 4, B_DESC_STAGE = B_STAGE * 2 >> 4 };
+  uint32_t a_lo0, b_lo0;
+  ws_desc_lo0<BT>(s_a, s_b, &a_lo0, &b_lo0);
   if (PP) {
     ws_set_max_regs<true, WS_PP_CONSUMER_REGS>();
     /* Ping-pong (tile 16): warpgroup wg owns every other tile of
@@ -492,15 +526,15 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
                                         src_rows, tile, wt, t % splits, splits);
       mb_arrive(&tile_full[wg]); /* release: the producers see the tile */
       if (i > 0) mb_wait(&mma_done[wg ^ 1], ((i - 1) / 2) & 1); /* tile i - 1's stages all seen */
-      int g = i > 0 ? g_next[i & 1] : 0;
+      uint32_t g = i > 0 ? (uint32_t)g_next[i & 1] : 0u;
       float *const acc_out = tsp_split_accum(accum, t % splits, rows, n);
       const int count = *tile.count, steps = count * chunks;
       /* tile i + 2's index, before tile i + 1's warpgroup can take one */
-      const auto hand_over = [&](int g_end) {
+      const auto hand_over = [&](uint32_t g_end) {
         if (wt == 0) {
           const int nt = counted ? 2 * (int)gridDim.x + atomicAdd(next_tile, 1) : tiles;
           next_idx[wg] = nt;
-          g_next[(i + 1) & 1] = g_end;
+          g_next[(i + 1) & 1] = (int32_t)g_end;
           if (sched) sched_ahead = tsp_steps_sched_entry(plan_steps, nt, tiles, n, BM, BN, volume);
         }
         /* every thread: each arrival releases its own read of g_next[i % 2], which
@@ -515,11 +549,12 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 #pragma unroll
       for (int e = 0; e < ACC; ++e) acc0[e] = 0.0f, acc1[e] = 0.0f;
       int li = 0, ch = 0;
+      uint32_t next_groups = ws_groups_of(tile, 0, count);
       for (int step = 0; step < steps; ++step, ++g) {
-        const int s = g % STAGES;
-        const uint32_t groups = ws_step_wait(tile, li, ch, chunks, full, g, STAGES);
+        const uint32_t s = g % STAGES;
+        const uint32_t groups = ws_step_wait<STAGES>(tile, li, ch, chunks, count, next_groups, full, g);
         proxy_fence(); /* the cp.async (generic proxy) writes, seen through the barrier, to wgmma */
-        const T *a_s = s_a + s * A_STAGE, *b_s = s_b + s * B_STAGE;
+        const uint32_t a_lo = a_lo0 + s * A_DESC_STAGE, b_lo = b_lo0 + s * B_DESC_STAGE;
         /* Which 64-row halves use the offset (warpgroup-uniform; the tile lists
         ** only used offsets, so at least one).  Each case is one straight run of
         ** fence, wgmma, commit and wait: wgmma under a branch of its own inside
@@ -528,11 +563,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         acc_fence(acc0);
         acc_fence(acc1);
         if (use == 3)
-          ws_pp_step<BN, true, true, BT>(acc0, acc1, a_s, b_s);
+          ws_pp_step<BN, true, true, BT, T>(acc0, acc1, a_lo, b_lo);
         else if (use == 1)
-          ws_pp_step<BN, true, false, BT>(acc0, acc1, a_s, b_s);
+          ws_pp_step<BN, true, false, BT, T>(acc0, acc1, a_lo, b_lo);
         else
-          ws_pp_step<BN, false, true, BT>(acc0, acc1, a_s, b_s);
+          ws_pp_step<BN, false, true, BT, T>(acc0, acc1, a_lo, b_lo);
         acc_fence(acc0);
         acc_fence(acc1);
         if (step > 0 && lane == 0) mb_arrive(&empty[(g - 1) % STAGES]);
@@ -592,7 +627,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
     return;
   }
   if (WIDE_REGS) ws_set_max_regs<false, WS_WIDE_CONSUMER_REGS>();
-  int g = 0; /* as the producers count */
+  uint32_t g = 0; /* as the producers count */
   for (int i = 0;; ++i) {
     const int tb = i % tbufs;
     const tsp_tile_smem tile = tsp_tile_smem_at(tile_base + tb * tile_bytes, BM, volume);
@@ -612,16 +647,17 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 #pragma unroll
     for (int e = 0; e < ACC; ++e) acc[e] = 0.0f;
     int li = 0, ch = 0;
+    uint32_t next_groups = ws_groups_of(tile, 0, count);
     for (int step = 0; step < steps; ++step, ++g) {
-      const int s = g % STAGES;
-      const uint32_t groups = ws_step_wait(tile, li, ch, chunks, full, g, STAGES);
+      const uint32_t s = g % STAGES;
+      const uint32_t groups = ws_step_wait<STAGES>(tile, li, ch, chunks, count, next_groups, full, g);
       if ((groups >> (4 * wg)) & 0xFu) { /* warpgroup-uniform */
         proxy_fence(); /* the cp.async (generic proxy) writes, seen through the barrier, to wgmma */
         acc_fence(acc);
-        const T *a_s = s_a + s * A_STAGE + wg * 64 * BK, *b_s = s_b + s * B_STAGE;
+        const uint32_t a_lo = a_lo0 + s * A_DESC_STAGE + wg * (64 * BK * 2 >> 4), b_lo = b_lo0 + s * B_DESC_STAGE;
         wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < BK / 16; ++ks) ws_k16<BN, BT>(acc, a_s, b_s, ks);
+        for (int ks = 0; ks < BK / 16; ++ks) ws_k16<BN, BT, T>(acc, a_lo, b_lo, ks);
         wg_commit();
         wg_wait<1>(); /* the previous step's wgmma has read its stage */
       } else {
@@ -932,7 +968,25 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 ** what they wait for: 5 / 6 stages (6 without the staged epilogue), main
 ** kernel, two rounds: subm C = 128 fwd 92.9 -> 94.9 / 105.9, down3 65.6 ->
 ** 66.3 / 79.6, C = 128 at 0.4 m 32.0 -> 33.3 / 36.5.  Next lead: the
-** producers' instructions per copy. */
+** producers' instructions per copy.
+** Leaner steps on both sides, kept (2026-11-26, session 36): the producers
+** compute a row's source unsigned (one wide multiply-add and a shift-add
+** pair, where the signed 64-bit form took ~17 instructions a row) and B's
+** tensor-map copies go round the producer warps by stage; the consumers
+** build wgmma descriptors from per-stage low words (ws_k16) and read a
+** step's row groups a step ahead (ws_step_wait).  H100, main kernel us, two
+** rounds, before / producers only / both, in one call: subm C = 128 fwd
+** 93.9 / 92.6 -> 89.0 / 89.2 -> 86.8 / 87.4, dgrad 93.9 / 92.6 -> 88.9 /
+** 89.2 -> 86.6 / 86.5; C = 128 at 0.4 m fwd 32.1 / 32.3 -> 31.0 / 31.0 ->
+** 29.4 / 29.7; C = 256 at 0.8 m 51.8 / 51.8 -> 50.4 / 50.2 -> 48.7 / 49.0;
+** down3 C = 128 66.2 / 66.1 -> 63.9 / 64.2 -> 63.5 / 63.1.  Tried after it
+** and not kept: a case per stage in the ping-pong consumers, so that every
+** descriptor is built in uniform registers (no R2UR; subm C = 128 fwd 87.4 /
+** 87.4 -> 87.1 / 87.4, C = 256 at 0.8 m 48.9 -> 49.6), and 5 or 6 stages
+** for the ping-pong tiles (6 without the staged epilogue): subm C = 128 fwd
+** 87.0 / 87.1 -> 86.9 / 87.3 / 99.5 / 99.7, up2 C = 128 31.4 / 31.6 -> 31.3
+** / 31.4 / 46.9 / 47.0.  Nsight Compute after it (subm C = 128 fwd): the
+** consumers still re-test `full` ~12 times a step, tensor pipe ~48% busy. */
 /* bt: the forward's w [V, red, n], B read MN-major; else dgrad's [V, n, red]. */
 template <typename T, bool BT> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(tile, a.n);
