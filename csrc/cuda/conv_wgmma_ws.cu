@@ -986,7 +986,22 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 ** for the ping-pong tiles (6 without the staged epilogue): subm C = 128 fwd
 ** 87.0 / 87.1 -> 86.9 / 87.3 / 99.5 / 99.7, up2 C = 128 31.4 / 31.6 -> 31.3
 ** / 31.4 / 46.9 / 47.0.  Nsight Compute after it (subm C = 128 fwd): the
-** consumers still re-test `full` ~12 times a step, tensor pipe ~48% busy. */
+** consumers still re-test `full` ~12 times a step, tensor pipe ~48% busy.
+** A clock64 timeline of blocks 0-3 (same day; an untracked build that
+** stores each producer's and consumer's step times): ~970 cycles a step at
+** C = 128 (0.1 m and 0.4 m alike), of which lane 0 of a producer warp spends
+** ~100 waiting on `empty`, ~410 issuing its 8 copies (and B's tensor-map
+** copies one step in four) and ~450 between steps; the active consumer
+** warpgroup ~210 waiting on `full`, ~460 from `full` to the previous
+** step's wgmma done.  So the producers are busy the whole step.  Three
+** producer changes aimed at it were measured and not kept (main kernel us,
+** two rounds against this code in one call): the copies under a guard
+** predicate instead of a branch per 64-row block (subm C = 128 fwd 86.5 ->
+** 92.6), the next offset's map words read an offset ahead (87.0 -> 86.4,
+** down3 dgrad 47.0 -> 47.5: noise), and zero-filled slots not filled again
+** (~40% of the copied rows are absent neighbours; 87.1 -> 88.0, C = 256 at
+** 0.8 m 48.9 -> 47.7).  Neither the copies' count nor their shared loads is
+** what a step waits for. */
 /* bt: the forward's w [V, red, n], B read MN-major; else dgrad's [V, n, red]. */
 template <typename T, bool BT> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(tile, a.n);
