@@ -57,7 +57,7 @@ static __device__ __forceinline__ uint32_t wg_desc_lo_sw128_mn(const void *smem,
   return ((tsp_smem_addr(smem) & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
 }
 
-/* The same for the 128-byte swizzle (layout type 1): K-major rows of 64
+/* wg_desc's descriptor for the 128-byte swizzle (layout type 1): K-major rows of 64
 ** 16-bit elements (128 bytes) at a 128-byte pitch, the 16-byte chunk c of row
 ** r stored at chunk c ^ (r % 8); 8-row groups 1024 bytes apart (SBO); LBO
 ** unused (1).  The atom must start 1024-byte aligned; a k16 slice inside it

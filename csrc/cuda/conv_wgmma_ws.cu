@@ -226,7 +226,8 @@ static __device__ __forceinline__ void ws_k16(float (&acc)[N], uint32_t a_lo, ui
 
 /* The descriptors' low words of stage 0's A and B (B MN-major with BT, 64 x
 ** 64 blocks 8 KB apart); a stage adds its byte offset >> 4, and so does A's
-** second 64-row half. */
+** second 64-row half (WS_A_HALF_DESC). */
+enum { WS_A_HALF_DESC = 64 * WS_BK * 2 >> 4 };
 template <bool BT> static __device__ __forceinline__ void ws_desc_lo0(const void *s_a, const void *s_b, uint32_t *a_lo,
                                                                       uint32_t *b_lo) {
   *a_lo = wg_desc_lo_sw128(s_a);
@@ -245,7 +246,7 @@ static __device__ __forceinline__ void ws_pp_step(float (&acc0)[N], float (&acc1
 #pragma unroll
   for (int ks = 0; ks < WS_BK / 16; ++ks) {
     if (U0) ws_k16<BN, BT, T>(acc0, a_lo, b_lo, ks);
-    if (U1) ws_k16<BN, BT, T>(acc1, a_lo + (64 * WS_BK * 2 >> 4), b_lo, ks);
+    if (U1) ws_k16<BN, BT, T>(acc1, a_lo + WS_A_HALF_DESC, b_lo, ks);
   }
   wg_commit();
   wg_wait<1>(); /* the previous step's wgmma has read its stage */
@@ -654,7 +655,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       if ((groups >> (4 * wg)) & 0xFu) { /* warpgroup-uniform */
         proxy_fence(); /* the cp.async (generic proxy) writes, seen through the barrier, to wgmma */
         acc_fence(acc);
-        const uint32_t a_lo = a_lo0 + s * A_DESC_STAGE + wg * (64 * BK * 2 >> 4), b_lo = b_lo0 + s * B_DESC_STAGE;
+        const uint32_t a_lo = a_lo0 + s * A_DESC_STAGE + wg * WS_A_HALF_DESC, b_lo = b_lo0 + s * B_DESC_STAGE;
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ++ks) ws_k16<BN, BT, T>(acc, a_lo, b_lo, ks);
