@@ -198,7 +198,12 @@ enum { WS_PP_PRODUCER_REGS = 56, WS_PP_CONSUMER_REGS = 224 };
 ** spilled 56 bytes; with these counts none.  H100, lidar_198k at 0.1 m, C =
 ** 256, main kernel us, 12 rounds of 20 calls each way in one call
 ** (2026-11-25): fwd median 303 against 315, dgrad 317 against 322 (rounds
-** spread 296-335 either way: clocks moved 1785-1950 MHz). */
+** spread 296-335 either way: clocks moved 1785-1950 MHz).  Noticed
+** 2026-11-26 and not yet acted on: nvcc 13.0's ptxas reports 192 bytes of
+** spills for the fp16 forward's instantiation, and its SASS keeps the
+** producers' eight row pointers in local memory across the step loop (49
+** local loads and stores in the loop, at 7f92f66 as now); 200 or 232
+** producer registers leave that unchanged. */
 enum { WS_WIDE_PRODUCER_REGS = 184, WS_WIDE_CONSUMER_REGS = 160 };
 template <bool INC, int N> static __device__ __forceinline__ void ws_set_max_regs() {
 #ifdef TSP_WGMMA_DEVICE
