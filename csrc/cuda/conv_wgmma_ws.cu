@@ -217,9 +217,9 @@ template <bool INC, int N> static __device__ __forceinline__ void ws_set_max_reg
 /* One k16 wgmma of a stage: acc += A (64 K-major rows) B (K-major rows of
 ** produced channels, or with BT the forward's MN-major blocks of 64 reduced x
 ** 64 produced channels, 8 KB apart, read transposed), given the low words of
-** their descriptors at k = 0 (wg_desc_of_lo, ws_desc_lo0).  A k16 slice
-** starts 32 bytes on in A and in K-major B, 16 rows of 128 bytes on in
-** MN-major B. */
+** their descriptors at k = 0 (wg_desc_of_lo; the kernel's a_lo0, b_lo0).  A
+** k16 slice starts 32 bytes on in A and in K-major B, 16 rows of 128 bytes
+** on in MN-major B. */
 template <int BN, bool BT, typename T, int N>
 static __device__ __forceinline__ void ws_k16(float (&acc)[N], uint32_t a_lo, uint32_t b_lo, int ks) {
   const uint64_t a = wg_desc_of_lo(a_lo + ks * (16 * 2 >> 4));
@@ -229,15 +229,8 @@ static __device__ __forceinline__ void ws_k16(float (&acc)[N], uint32_t a_lo, ui
     wg_op<BN>::template run<T>(acc, a, wg_desc_of_lo(b_lo + ks * (16 * 2 >> 4)));
 }
 
-/* The descriptors' low words of stage 0's A and B (B MN-major with BT, 64 x
-** 64 blocks 8 KB apart); a stage adds its byte offset >> 4, and so does A's
-** second 64-row half (WS_A_HALF_DESC). */
+/* What A's second 64-row half adds to a descriptor's low word (its byte offset >> 4). */
 enum { WS_A_HALF_DESC = 64 * WS_BK * 2 >> 4 };
-template <bool BT> static __device__ __forceinline__ void ws_desc_lo0(const void *s_a, const void *s_b, uint32_t *a_lo,
-                                                                      uint32_t *b_lo) {
-  *a_lo = wg_desc_lo_sw128(s_a);
-  *b_lo = BT ? wg_desc_lo_sw128_mn(s_b, WS_BK * 64 * 2) : wg_desc_lo_sw128(s_b);
-}
 
 /* One ping-pong step: the stage's 4 k16 wgmma into the accumulators of the
 ** 64-row halves that use its offset (U0: rows 0-63 into acc0, U1: rows 64-127
@@ -450,10 +443,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   }
 
   const int wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
-  /* wgmma descriptors' low words at stage 0 (ws_k16) and what a stage adds */
+  /* wgmma descriptors' low words of stage 0's A and B (ws_k16; B MN-major with
+  ** BT, 64 x 64 blocks 8 KB apart) and what a stage adds (its byte offset >> 4) */
   enum { A_DESC_STAGE = A_STAGE * 2 >> 4, B_DESC_STAGE = B_STAGE * 2 >> 4 };
-  uint32_t a_lo0, b_lo0;
-  ws_desc_lo0<BT>(s_a, s_b, &a_lo0, &b_lo0);
+  const uint32_t a_lo0 = wg_desc_lo_sw128(s_a),
+                 b_lo0 = BT ? wg_desc_lo_sw128_mn(s_b, WS_BK * 64 * 2) : wg_desc_lo_sw128(s_b);
   if (PP) {
     ws_set_max_regs<true, WS_PP_CONSUMER_REGS>();
     /* Ping-pong (tile 16): warpgroup wg owns every other tile of
