@@ -355,6 +355,44 @@ def test_ws_tiles_many_launches():
 
 @needs_cuda
 @pytest.mark.parametrize("tile", [15, 16])
+def test_ws_tiles_source_past_32_bit_offsets(tile):
+    """Tiles 14-17 address the rows they gather in 32-bit element offsets (csrc/cuda/
+    conv_wgmma_ws.cu), so tsp_conv_wgmma_ws_check hands a pass whose source holds 2^32 - 64
+    elements or more to the mma.sync kernel.  One source of 2^22 + 256 rows x 1024 channels
+    (2^32 + 2^18 elements, 8.6 GB of fp16), NaN except the rows a one-offset map gathers: its
+    last 128 rows, whose offsets pass 2^32 (wrapped they would land on NaN rows 128-255), and
+    its first 64; 64 map rows absent.  The forward (x = the source, 1024 -> 64 channels) and
+    dgrad (dy = the source, 64 <- 1024) against fp64 products of the gathered rows."""
+    need = (2**22 + 256) * 1024 * 2 + (1 << 30)
+    if torch.cuda.mem_get_info()[0] < need:
+        pytest.skip(f"needs {need >> 30} GiB of free GPU memory")
+    rows, c = 2**22 + 256, 1024
+    src = torch.full((rows, c), float("nan"), dtype=torch.float16, device="cuda")
+    src[-128:] = randn(128, c, dtype=torch.float16, device="cuda", seed=1)
+    src[:64] = randn(64, c, dtype=torch.float16, device="cuda", seed=2)
+    q = torch.cat([torch.arange(rows - 128, rows), torch.arange(64), torch.full((64,), -1)]).to(torch.int32)
+    nbmap = q.view(-1, 1).cuda()  # [256, 1]: output row r gathers source row q[r]
+    w = randn(1, c, 64, dtype=torch.float16, device="cuda", seed=3, scale=0.05)
+    got = src[q.clamp(min=0).long().cuda()].double() * (nbmap >= 0).double()
+    want_y = got @ w[0].double()
+    a = [0, tile, 0, 0]
+    order = torchsp.kmap.mask_order(nbmap)
+    # the forward's transposed map (source row -> output row) is all -1 but for the gathered rows
+    nbmap_t = torch.full((rows, 1), -1, dtype=torch.int32, device="cuda")
+    nbmap_t[q[q >= 0].long().cuda(), 0] = torch.nonzero(q >= 0).view(-1).to(torch.int32).cuda()
+    _poison_cache()
+    y = ops.conv_fwd(src, w, nbmap, nbmap_t, a, a, a, order, None)
+    assert y.shape == (256, 64) and rel_err(y, want_y) <= TOL[torch.float16], rel_err(y, want_y)
+    # dgrad: dx [256, 64] = sum over the map of dy[q] @ w^T, with dy = src (1024 output channels)
+    w_t = randn(1, 64, c, dtype=torch.float16, device="cuda", seed=4, scale=0.05)  # [V, c_in, c_out]
+    want_dx = got @ w_t[0].double().T
+    _poison_cache()
+    dx = ops.conv_dgrad(src, w_t, nbmap, a, order)
+    assert dx.shape == (256, 64) and rel_err(dx, want_dx) <= TOL[torch.float16], rel_err(dx, want_dx)
+
+
+@needs_cuda
+@pytest.mark.parametrize("tile", [15, 16])
 def test_ws_tiles_first_cuda_call_of_a_thread(tile):
     """A host thread whose first CUDA work is a warp-specialized pass: autograd's device thread
     in a backward is one.  Their weight tensor maps are made by a driver call, which needs a

@@ -381,12 +381,20 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         mb_arrive(&tile_full[tb]); /* release: the consumers see the tile */
       }
       const int steps = *tile.count * chunks;
-      /* Per offset: row r_it's source (chunk cc of its first 64 channels; row 0
-      ** when absent, then read as 0 bytes), its bytes (16, or 0 when
-      ** absent) and which 64-row blocks use the offset at all (bit b of
-      ** `blocks`; row r_it is in block RSTEP it / 64, a constant of the
-      ** unrolled loop). */
-      const T *from[CPT];
+      /* Per offset: row r_it's source as an element offset in src (chunk cc of
+      ** its first 64 channels; row 0 when absent, then read as 0 bytes), its
+      ** bytes (16, or 0 when absent) and which 64-row blocks use the offset at
+      ** all (bit b of `blocks`; row r_it is in block RSTEP it / 64, a constant
+      ** of the unrolled loop).  32-bit offsets (tsp_conv_wgmma_ws_check: src
+      ** holds fewer than 2^32 - 64 elements) where 64-bit pointers were: half
+      ** the registers the rows hold through the steps, one wide multiply-add a
+      ** copy.  H100, lidar_198k, main kernel us, three rounds each way in one
+      ** call (2026-11-26): subm C = 128 fwd 87.2 / 86.2 / 86.2 -> 84.6 / 84.6
+      ** / 84.7, dgrad 87.0 / 85.5 / 86.0 -> 83.8 / 83.8 / 83.6; C = 128 at
+      ** 0.4 m 29.6 -> 28.7, dgrad 29.7 -> 28.1; C = 256 (tile 15) fwd 279.6 /
+      ** 290.0 / 280.1 -> 272.7 / 267.5 / 272.0; C = 256 at 0.8 m 48.3 ->
+      ** 46.8, dgrad 47.4 -> 45.6; down3 and up2 C = 128 within 1%. */
+      uint32_t from[CPT];
       uint32_t have[CPT], blocks = 0;
       int li = 0, ch = 0;
       for (int step = 0; step < steps; ++step, ++g) {
@@ -400,13 +408,13 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
           int32_t q[CPT];
 #pragma unroll
           for (int it = 0; it < CPT; ++it) q[it] = tsp_tile_entry(tile, from_steps, BM, volume, r0 + RSTEP * it, li, k);
-          /* Unsigned, the row clamped to 0 when absent (then read as 0 bytes): one
-          ** wide multiply-add and a shift-add pair a row, where the signed 64-bit
-          ** form took ~17 instructions (Nsight Compute, 2026-11-26). */
+          /* Unsigned, the row clamped to 0 when absent (then read as 0 bytes):
+          ** the signed 64-bit form took ~17 instructions a row (Nsight Compute,
+          ** 2026-11-26). */
 #pragma unroll
           for (int it = 0; it < CPT; ++it) {
             have[it] = q[it] >= 0 ? 16u : 0u;
-            from[it] = src + ((uint64_t)(uint32_t)max(q[it], 0) * (uint32_t)red + (uint32_t)(cc * 8));
+            from[it] = (uint32_t)max(q[it], 0) * (uint32_t)red + (uint32_t)(cc * 8);
           }
         }
         const int c0 = ch * BK;
@@ -429,10 +437,11 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         ** a per-copy branch, select and pointer rebuild, and the consumers
         ** 31% of their samples waiting for them (C = 256, 2026-11-24). */
         const uint32_t a_dst = tsp_smem_addr(s_a + s * A_STAGE + dst0);
+        const T *const src_c0 = src + c0;
 #pragma unroll
         for (int it = 0; it < CPT; ++it)
           if ((blocks >> (RSTEP * it / 64)) & 1u) /* rows of an unused block are not copied */
-            tsp_cp_async16_bytes(a_dst + RSTEP * it * 64 * 2, from[it] + c0, have[it] & bytes);
+            tsp_cp_async16_bytes(a_dst + RSTEP * it * 64 * 2, src_c0 + from[it], have[it] & bytes);
         mb_arrive_cp_async(&full[s]);
         if (++ch == chunks) ch = 0, ++li;
       }
@@ -1051,6 +1060,8 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
 #else
   if (!wg_launch_ok(dtype, a) || !tsp_is_ws_tile(tile) || (uintptr_t)a->w % 16 != 0)
     return TSP_ERR_UNSUPPORTED;
+  /* the producers address src in 32-bit element offsets, up to a row's start plus 56 */
+  if ((uint64_t)a->src_rows * (uint64_t)a->red > 0xffffffffULL - 64) return TSP_ERR_UNSUPPORTED;
   /* ping-pong: each consumer warpgroup has its own tile buffer, and two accumulators of BN <= 128 */
   const int tbufs = ws_pingpong(tile) ? 2 : 1;
   if (ws_smem_bytes(ws_bn(tile, a->n), WS_STAGES, (int)a->volume, tbufs) > WS_SMEM_MAX) return TSP_ERR_UNSUPPORTED;
