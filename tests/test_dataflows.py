@@ -354,15 +354,17 @@ def test_ws_tiles_many_launches():
 
 
 @needs_cuda
-@pytest.mark.parametrize("tile", [15, 16])
-def test_ws_tiles_source_past_32_bit_offsets(tile):
-    """Tiles 14-17 address the rows they gather in 32-bit element offsets (csrc/cuda/
-    conv_wgmma_ws.cu), so tsp_conv_wgmma_ws_check hands a pass whose source holds 2^32 - 64
-    elements or more to the mma.sync kernel.  One source of 2^22 + 256 rows x 1024 channels
-    (2^32 + 2^18 elements, 8.6 GB of fp16), NaN except the rows a one-offset map gathers: its
-    last 128 rows, whose offsets pass 2^32 (wrapped they would land on NaN rows 128-255), and
-    its first 64; 64 map rows absent.  The forward (x = the source, 1024 -> 64 channels) and
-    dgrad (dy = the source, 64 <- 1024) against fp64 products of the gathered rows."""
+@pytest.mark.parametrize("tile,wtile", [(15, 15), (16, 12)])
+def test_wgmma_sources_past_32_bit_offsets(tile, wtile):
+    """Tiles 14-17 and the wgmma wgrad tiles address the rows they gather in 32-bit element
+    offsets (csrc/cuda/conv_wgmma_util.cuh wg_elem_addr16), so tsp_conv_wgmma_ws_check and
+    wgmma_wgrad_takes hand a pass whose source holds 2^32 - 64 elements or more to the mma.sync
+    kernels.  One source of 2^22 + 256 rows x 1024 channels (2^32 + 2^18 elements, 8.6 GB of
+    fp16), NaN except the rows a one-offset map gathers: its last 128 rows, whose offsets pass
+    2^32 (wrapped they would land on NaN rows 128-255), and its first 64; 64 map rows absent.
+    The forward (x = the source, 1024 -> 64 channels), dgrad (dy = the source, 64 <- 1024) and
+    wgrad (x = the source; row chunks and pair slots) against fp64 products of the gathered
+    rows."""
     need = (2**22 + 256) * 1024 * 2 + (1 << 30)
     if torch.cuda.mem_get_info()[0] < need:
         pytest.skip(f"needs {need >> 30} GiB of free GPU memory")
@@ -389,6 +391,13 @@ def test_ws_tiles_source_past_32_bit_offsets(tile):
     _poison_cache()
     dx = ops.conv_dgrad(src, w_t, nbmap, a, order)
     assert dx.shape == (256, 64) and rel_err(dx, want_dx) <= TOL[torch.float16], rel_err(dx, want_dx)
+    # wgrad: dw [1, 1024, 64] = sum over the map's pairs of x[q]^T dy[r]
+    dy = randn(256, 64, dtype=torch.float16, device="cuda", seed=5)
+    want_dw = got.T @ dy.double()
+    for aw in ([0, wtile, 0, 0], [1, wtile, 0, 0]):
+        _poison_cache()
+        dw = ops.conv_wgrad(src, dy, nbmap, aw)
+        assert dw.shape == (1, c, 64) and rel_err(dw[0], want_dw) <= TOL[torch.float16], (aw, rel_err(dw[0], want_dw))
 
 
 @needs_cuda

@@ -2,7 +2,8 @@
 ** conv_wgmma_util.cuh: what the wgmma kernels (conv_wgmma.cu: all warps
 ** load and compute; conv_wgmma_ws.cu: producer warps load, consumer
 ** warpgroups compute; conv_wgmma_wgrad.cu: wgrad) share: shared-memory matrix descriptors, the wgmma
-** fence / commit / wait instructions and the m64nNk16 wrapper per N.
+** fence / commit / wait instructions, the m64nNk16 wrapper per N and the
+** gathered rows' addresses (wg_elem_addr16).
 ** Included by sm_90a translation units only (TSP_WGMMA); the instructions
 ** are emitted only when compiling device code for sm_90a (TSP_WGMMA_DEVICE,
 ** defined by the includer).
@@ -27,6 +28,27 @@ static inline int wg_launch_ok(tsp_dtype dtype, const tsp_os_launch *a) {
       a->src_rows > 0x7fffffff)
     return 0;
   return (uintptr_t)a->src % 16 == 0 && (uintptr_t)a->out % 4 == 0;
+}
+
+/* The address of element `off` of a 16-bit array at `base`: one wide
+** multiply-add, in PTX because the compiler otherwise folds a 32-bit offset
+** into 64-bit adds (4 instructions a copy where this is 2, LEA and LEA.HI.X in
+** the SASS).  The row copies of conv_wgmma_ws.cu's producers and
+** conv_wgmma_wgrad.cu's slabs address their rows so, as 32-bit element
+** offsets (their checks: sources of fewer than 2^32 - 64 elements).  H100,
+** lidar_198k, main kernel us, three rounds each way in one call
+** (2026-11-26): ws forward, on 32-bit offsets added as 64-bit pointers, subm
+** C = 128 84.6 / 84.7 / 84.9 -> 82.9 / 82.6 / 83.0, dgrad 83.9 / 84.1 /
+** 84.1 -> 81.8 / 82.3 / 82.7, down3 C = 128 62.7 -> 61.7, C = 128 at 0.4 m
+** 28.6 -> 28.0; C = 256 within its noise. */
+static __device__ __forceinline__ const void *wg_elem_addr16(uint64_t base, uint32_t off) {
+#ifdef TSP_WGMMA_DEVICE
+  uint64_t a;
+  asm("mad.wide.u32 %0, %1, 2, %2;\n" : "=l"(a) : "r"(off), "l"(base));
+  return (const void *)a;
+#else
+  return (const void *)(base + 2 * (uint64_t)off);
+#endif
 }
 
 /* Shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start

@@ -153,23 +153,6 @@ static __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap 
 #endif
 }
 
-/* The address of element `off` of a 16-bit array at `base`: one wide
-** multiply-add, in PTX because the compiler otherwise folds the offset into
-** 64-bit adds (4 instructions a copy where this is 2, LEA and LEA.HI.X in
-** the SASS).  H100, lidar_198k, main kernel us, three rounds each way in one
-** call (2026-11-26): subm C = 128 fwd 84.6 / 84.7 / 84.9 -> 82.9 / 82.6 /
-** 83.0, dgrad 83.9 / 84.1 / 84.1 -> 81.8 / 82.3 / 82.7, down3 C = 128 fwd
-** 62.7 -> 61.7, C = 128 at 0.4 m 28.6 -> 28.0; C = 256 within its noise. */
-static __device__ __forceinline__ const void *ws_elem_addr16(uint64_t base, uint32_t off) {
-#ifdef TSP_WGMMA_DEVICE
-  uint64_t a;
-  asm("mad.wide.u32 %0, %1, 2, %2;\n" : "=l"(a) : "r"(off), "l"(base));
-  return (const void *)a;
-#else
-  return (const void *)(base + 2 * (uint64_t)off);
-#endif
-}
-
 /* ------------------------------------------------------------ kernel --- */
 
 enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256, WS_STAGES = 4, WS_TILE_BAR = 1 };
@@ -325,7 +308,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
   enum { WIDE_REGS = !PP && PW == 4 && BN == 256 };
   enum { A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   static_assert(BM * BK / 8 % PT == 0, "producer threads split a stage's copies evenly");
-  static_assert(sizeof(T) == 2, "16-bit elements (ws_elem_addr16)");
+  static_assert(sizeof(T) == 2, "16-bit elements (wg_elem_addr16)");
   static_assert(!PP || PW == 4, "setmaxnreg's counts assume one producer warpgroup");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T *s_a = (T *)(smem_raw + ((1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023));
@@ -461,7 +444,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
 #pragma unroll
         for (int it = 0; it < CPT; ++it)
           if ((blocks >> (RSTEP * it / 64)) & 1u) /* rows of an unused block are not copied */
-            tsp_cp_async16_bytes(a_dst + RSTEP * it * 64 * 2, ws_elem_addr16(src_c0, from[it]), have[it] & bytes);
+            tsp_cp_async16_bytes(a_dst + RSTEP * it * 64 * 2, wg_elem_addr16(src_c0, from[it]), have[it] & bytes);
         mb_arrive_cp_async(&full[s]);
         if (++ch == chunks) ch = 0, ++li;
       }
