@@ -192,9 +192,9 @@ static __device__ __forceinline__ void ww_load(T *dst, const T *__restrict__ src
   const uint32_t d0 = tsp_smem_addr(dst + (c >> 3) * (WW_BK * 64) + r0 * 64);
   const bool c_ok = ch < ld;
   /* Rows as 32-bit element offsets from channel ch (wgmma_wgrad_takes bounds the
-  ** sources), the row clamped to 0 where nothing is read: one wide multiply-add
-  ** a copy where the signed 64-bit form took ~17 instructions (tsp_cp_async16
-  ** reads no byte of a 0-byte copy).  H100, lidar_198k, main kernel us, three
+  ** sources), the row clamped to 0 where nothing is read (tsp_cp_async16_bytes
+  ** reads no byte of a 0-byte copy): one wide multiply-add a copy where a signed
+  ** 64-bit multiply and add were.  H100, lidar_198k, main kernel us, three
   ** rounds each way in one call (2026-11-26): C = 128 85.3 / 84.9 / 85.7 ->
   ** 82.3 / 80.8 / 80.7, down3 C = 128 61.0 / 61.4 / 61.4 -> 56.7 / 56.3 / 56.4,
   ** C = 128 at 0.4 m 31.1 -> 28.5-29.2, C = 256 at 0.8 m 47.3-47.7 -> 44.8-45.0,

@@ -204,8 +204,9 @@ enum { WS_PP_PRODUCER_REGS = 56, WS_PP_CONSUMER_REGS = 224 };
 ** the 32-bit row offsets; all local loads and stores lie after the
 ** producers' setmaxnreg), and 200 or 232 producer registers leave that
 ** unchanged.  Not kept: the rows' presence as a bit mask instead of a word
-** a row (128 bytes of spills): subm C = 256 fwd 268-271 -> 260-276 us,
-** C = 128 fwd 84.7 -> 85.3 (H100, main kernel, three rounds each way). */
+** a row (128 bytes of spills), against the wide multiply-add alone: subm C =
+** 256 fwd 263.7 / 273.6 / 275.7 -> 260.6 / 260.4 / 276.2 us, C = 128 fwd
+** 82.6-83.0 -> 85.0-85.5 (H100, main kernel, three rounds each way). */
 enum { WS_WIDE_PRODUCER_REGS = 184, WS_WIDE_CONSUMER_REGS = 160 };
 template <bool INC, int N> static __device__ __forceinline__ void ws_set_max_regs() {
 #ifdef TSP_WGMMA_DEVICE
