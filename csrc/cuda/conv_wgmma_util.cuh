@@ -30,6 +30,13 @@ static inline int wg_launch_ok(tsp_dtype dtype, const tsp_os_launch *a) {
   return (uintptr_t)a->src % 16 == 0 && (uintptr_t)a->out % 4 == 0;
 }
 
+/* Whether a [rows, cols] source (rows, cols >= 0) is small enough for
+** wg_elem_addr16's 32-bit element offsets: a row's start plus the copied
+** chunk's up to 64 elements stays below 2^32 (host side: the kernels' checks). */
+static inline int wg_offsets_fit(int64_t rows, int64_t cols) {
+  return (uint64_t)rows * (uint64_t)cols <= 0xffffffffULL - 64;
+}
+
 /* The address of element `off` of a 16-bit array at `base`: one wide
 ** multiply-add, in PTX because the compiler otherwise folds a 32-bit offset
 ** into 64-bit adds (4 instructions a copy where this is 2, LEA and LEA.HI.X in

@@ -547,9 +547,7 @@ static int wgmma_wgrad_takes(const tsp_conv_problem *p, int tile) {
       p->volume > 0x7fffffff)
     return 0;
   /* ww_load addresses x and dy rows in 32-bit element offsets (wg_elem_addr16) */
-  if ((uint64_t)p->n_in * (uint64_t)p->c_in > 0xffffffffULL - 64 ||
-      (uint64_t)p->n_out * (uint64_t)p->c_out > 0xffffffffULL - 64)
-    return 0;
+  if (!wg_offsets_fit(p->n_in, p->c_in) || !wg_offsets_fit(p->n_out, p->c_out)) return 0;
   return tsp_device_cc() == 90; /* sm_90a code runs on sm_90 only */
 }
 

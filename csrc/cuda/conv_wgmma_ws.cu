@@ -1064,8 +1064,8 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
 #else
   if (!wg_launch_ok(dtype, a) || !tsp_is_ws_tile(tile) || (uintptr_t)a->w % 16 != 0)
     return TSP_ERR_UNSUPPORTED;
-  /* the producers address src in 32-bit element offsets, up to a row's start plus 56 */
-  if ((uint64_t)a->src_rows * (uint64_t)a->red > 0xffffffffULL - 64) return TSP_ERR_UNSUPPORTED;
+  /* the producers address src in 32-bit element offsets */
+  if (!wg_offsets_fit(a->src_rows, a->red)) return TSP_ERR_UNSUPPORTED;
   /* ping-pong: each consumer warpgroup has its own tile buffer, and two accumulators of BN <= 128 */
   const int tbufs = ws_pingpong(tile) ? 2 : 1;
   if (ws_smem_bytes(ws_bn(tile, a->n), WS_STAGES, (int)a->volume, tbufs) > WS_SMEM_MAX) return TSP_ERR_UNSUPPORTED;
