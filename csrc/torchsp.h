@@ -129,14 +129,16 @@ enum { TSP_SPLIT_K_MAX = 16 };
 ** producer warps copy, consumer warpgroups multiply); any other value reads
 ** as 3.  wgrad's tile on
 ** fp16/bf16: 0 the default (the wgmma wgrad of cuda/conv_wgmma_wgrad.cu over
-** pair pieces, whatever the dataflow, when both channel counts are >= 32 on
+** pair slots, whatever the dataflow, when both channel counts are >= 32 on
 ** sm_90a builds on sm_90 devices, else mma.sync: cuda/conv.cu resolve_wgrad); 12, 13, 15 its 128 x 128,
 ** 64 x 64 and 128 x 256 tiles (c_in x c_out); any other value mma.sync
 ** (cuda/conv_wgrad.cu).  wgrad's dataflow on the wgmma tiles: 0 splits the
-** rows into chunks, each block summing one offset of one chunk; 1 builds the
-** map's pair list in the workspace and cuts it into equal pieces across
-** offsets (algo.split scales their number; cuda/conv_wgrad_pairs.cuh), so
-** the centre offset no longer sets the length.  On float32, TSP_TILE_TF32
+** rows into chunks, each block summing one offset of one chunk; 1 shares the
+** map's pair list (tsp_conv_problem.pairs, or built in the workspace) out to
+** slots as offset groups, each offset's 64-pair slabs dealt to slots in
+** proportion to its pairs, or as equal pieces across offsets where more
+** offsets have pairs than there are slots (algo.split scales their number;
+** cuda/conv_wgrad_pairs.cuh), so the centre offset no longer sets the length.  On float32, TSP_TILE_TF32
 ** asks for tf32 tensor cores (mma.sync m16n8k8: operands rounded to tf32's
 ** 10-bit mantissa, unit roundoff 2^-11 instead of fp32's 2^-24, fp32
 ** accumulation) in whichever pass's algo carries it, forward, dgrad or wgrad, and

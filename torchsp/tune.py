@@ -126,9 +126,9 @@ def candidates(device_type, pass_name, kernel_size=None, deterministic=False, tf
         # where tile 0 is 17 (H100, lidar_198k): not candidates.
         out += [[0, 3, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0], [0, 15, 0, 0], [0, 16, 0, 0]]
     if device_type == "cuda" and pass_name == "wgrad" and _wgmma_available() and not tf32:
-        # wgrad tile 0 is conv_wgmma_wgrad.cu over pair pieces for C >= 32 (conv.cu
+        # wgrad tile 0 is conv_wgmma_wgrad.cu over pair slots for C >= 32 (conv.cu
         # resolve_wgrad); also mma.sync (3) and the three wgmma shapes (12: 128 x 128, 13: 64 x 64,
-        # 15: 128 x 256), each over row chunks (dataflow 0) or equal pieces of the pair list (1).
+        # 15: 128 x 256), each over row chunks (dataflow 0) or slots of the pair list (1: offset groups).
         out += [[0, 3, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0], [0, 15, 0, 0],
                 [1, 12, 0, 0], [1, 13, 0, 0], [1, 15, 0, 0]]
     if device_type == "cuda" and kernel_size is not None and pass_name != "wgrad" and 2 in _hybrid_passes():
