@@ -138,9 +138,9 @@ enum { TSP_SPLIT_K_MAX = 16 };
 ** slots as offset groups, each offset's 64-pair slabs dealt to slots in
 ** proportion to its pairs, or as equal pieces across offsets where more
 ** offsets have pairs than there are slots (algo.split scales their number;
-** cuda/conv_wgrad_pairs.cuh), so the centre offset no longer sets the length.  On float32, TSP_TILE_TF32
-** asks for tf32 tensor cores (mma.sync m16n8k8: operands rounded to tf32's
-** 10-bit mantissa, unit roundoff 2^-11 instead of fp32's 2^-24, fp32
+** cuda/conv_wgrad_pairs.cuh), so the centre offset no longer sets the length.
+** On float32, TSP_TILE_TF32 asks for tf32 tensor cores (mma.sync m16n8k8:
+** operands rounded to tf32's 10-bit mantissa, unit roundoff 2^-11 instead of fp32's 2^-24, fp32
 ** accumulation) in whichever pass's algo carries it, forward, dgrad or wgrad, and
 ** in every dataflow; shapes the tf32 kernels do not take (channel counts not
 ** multiples of 4, misaligned operands, V > 64, pre-sm_80 devices) and every
