@@ -1,13 +1,12 @@
 /*
-** ops.cpp: the one TORCH_LIBRARY(torchsp, m) block: every op's schema, and the
-** module init that lets `import torchsp._C` load this library (registration
-** happens in static initialisers when the shared object is loaded).
+** ops.cpp: the one TORCH_LIBRARY(torchsp, m) block: every op's schema.
+** Registration happens in static initialisers when the shared object is
+** loaded, by `import torchsp._C` (eager.cpp defines that module).
 **
 ** Ops are functional: they allocate and return their outputs, so fake kernels
 ** (torchsp/_fake.py), autograd (torchsp/_autograd.py), torch.compile, export
 ** and TorchScript all see plain schemas.  docs/internals.md explains each.
 */
-#include <Python.h>
 #include <torch/library.h>
 
 TORCH_LIBRARY(torchsp, m) {
@@ -35,10 +34,4 @@ TORCH_LIBRARY(torchsp, m) {
   m.def("conv_wgrad(Tensor x, Tensor dy, Tensor nbmap, int[] algo, Tensor? pairs=None, "
         "Tensor? pair_starts=None) -> Tensor",
         tags);
-}
-
-/* A Python module with no functions: importing it loads the library. */
-extern "C" PyObject *PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
 }

@@ -245,7 +245,7 @@ def test_no_grad_call_skips_autograd_only(mode, device):
 
 @pytest.mark.parametrize("needs", ["both", "feats", "weight"])
 def test_eager_and_op_autograd_routes_agree(needs, device):
-    """Eager training calls run torchsp._autograd.EagerConv (dgrad plan and wgrad pair list read
+    """Eager training calls run torchsp._C.conv_train (dgrad plan and wgrad pair list read
     from the KernelMap); traced graphs and direct op callers run conv_fwd's registered autograd.
     Both must give y, dx and dw bitwise alike, and the fp64 dense reference's.  On CUDA, fp16
     at 64 channels: the wgrad over pair pieces with the map's cached pair list (sm_90a builds)."""
@@ -262,7 +262,7 @@ def test_eager_and_op_autograd_routes_agree(needs, device):
         ww = w.detach().clone().requires_grad_(needs in ("both", "weight"))
         if route == "eager":
             y = F.sparse_conv3d(x.replace(f), ww, 3, algo=a).feats
-            assert type(y.grad_fn).__name__ == "EagerConvBackward"
+            assert "SparseConvFunction" in y.grad_fn.name()
         else:
             (km,) = x.cache.kmaps.values()
             geom = torchsp.kmap.ConvGeometry(3)
@@ -284,6 +284,37 @@ def test_eager_and_op_autograd_routes_agree(needs, device):
     assert dx is None or rel_err(dx, rf.grad) <= tol
     assert dw is None or rel_err(dw, rw.grad) <= tol
     assert (dx is None) == (needs == "weight") and (dw is None) == (needs == "feats")
+
+
+def test_eager_train_node_semantics(device):
+    """The eager training call is a C++ autograd node (torchsp._C.conv_train): retain_graph and a
+    second backward accumulate the same gradients again, an in-place change of feats after the
+    forward is caught by autograd's version check, and a call whose operands need no grad records
+    no node.  Gradients against the fp64 dense reference."""
+    case = BY_NAME["sub_k3"]
+    dtype = torch.float16 if device == "cuda" else torch.float64
+    x, _ = build(case, cin=16, device=device, dtype=dtype, seed=51)
+    w = randn(27, 16, 8, seed=52, dtype=dtype, device=device, scale=(27 * 16) ** -0.5).requires_grad_()
+    f = x.feats.detach().clone().requires_grad_()
+    g = randn(x.coords.shape[0], 8, seed=53, dtype=dtype, device=device)
+    y = F.sparse_conv3d(x.replace(f), w, 3, algo=[0, 0, 0, 0]).feats
+    assert "SparseConvFunction" in y.grad_fn.name()
+    y.backward(g, retain_graph=True)
+    dx1, dw1 = f.grad.clone(), w.grad.clone()
+    y.backward(g)
+    assert torch.equal(f.grad, dx1 + dx1) and torch.equal(w.grad, dw1 + dw1)
+    rf = x.feats.detach().cpu().double().requires_grad_()
+    rw = w.detach().cpu().double().requires_grad_()
+    reference(case, rf, x.coords, rw, x.coords.cpu()).backward(g.cpu().double())
+    tol = TOL[(device, dtype)] * (1 if device == "cpu" else 2)
+    assert rel_err(dx1, rf.grad) <= tol and rel_err(dw1, rw.grad) <= tol
+    y = F.sparse_conv3d(x.replace(f), w, 3, algo=[0, 0, 0, 0]).feats
+    with torch.no_grad():
+        f.add_(1)
+    with pytest.raises(RuntimeError, match="inplace"):
+        y.backward(g)
+    y = F.sparse_conv3d(x.replace(f.detach()), w.detach(), 3, algo=[0, 0, 0, 0]).feats
+    assert y.grad_fn is None and not y.requires_grad
 
 
 def test_geometry_memo_keeps_argument_checks():

@@ -296,3 +296,38 @@ def test_bad_algo(algo, match, device):
         ops.conv_dgrad(dy, w, nbt, algo)
     with pytest.raises(RuntimeError, match=f"conv_wgrad.*{match}"):
         ops.conv_wgrad(x, dy, nb, algo)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "train"])
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["fwd", "dgrad", "wgrad"])
+def test_eager_entries_report_op_errors(which, grad, device):
+    """Eager calls reach the ops through torchsp._C (csrc/eager.cpp: conv_fwd below autograd
+    without gradients, the C++ autograd node conv_train in training).  A bad algo for any pass
+    still fails in the shim with the op's message naming the argument, before any kernel runs."""
+    dtype = torch.float16 if device == "cuda" else torch.float64
+    c = random_coords(60, span=3, seed=4).to(device)
+    x = torchsp.SparseTensor(randn(c.shape[0], 8, dtype=dtype, device=device).requires_grad_(grad), c)
+    w = randn(27, 8, 8, dtype=dtype, device=device, seed=2).requires_grad_(grad)
+    algo = [[0, 0, 0, 0] for _ in range(3)]
+    algo[which] = [3, 0, 17, 0]
+    name = ("fwd_algo", "dgrad_algo", "wgrad_algo")[which]
+    with pytest.raises(RuntimeError, match=rf"torchsp.conv_fwd: {name}\[2\] \(split\)"):
+        torchsp.functional.sparse_conv3d(x, w, 3, algo=tuple(algo))
+
+
+def test_eager_entry_argument_types():
+    """torchsp._C.conv_fwd with an argument of the wrong Python type raises TypeError (pybind11's
+    casters), and a wrong tensor the shim's RuntimeError naming it, as torch.ops.torchsp does."""
+    x, w = randn(10, 3), randn(27, 3, 4)
+    nb = torch.full((10, 27), -1, dtype=torch.int32)
+    a = [0, 0, 0, 0]
+    with pytest.raises(TypeError):
+        torchsp._C.conv_fwd(x, w, nb, nb, "0000", a, a, None, None, [], [])
+    with pytest.raises(TypeError):
+        torchsp._C.conv_fwd(x, w, nb, nb, a, a, a, None, None, [])
+    with pytest.raises(RuntimeError, match="nbmap.*int32"):
+        torchsp._C.conv_fwd(x, w, nb.long(), nb, a, a, a, None, None, [], [])
+    with pytest.raises(RuntimeError, match="weight"):
+        torchsp._C.conv_fwd(x, w[:, :2], nb, nb, a, a, a, None, None, [], [])
+    with pytest.raises(TypeError):
+        torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], None)

@@ -5,16 +5,20 @@ Two routes to the same kernels:
   dataflow choices for the backward passes travel as arguments of conv_fwd (chosen by the
   autotuner before the call), so backward reads no global state and traces cleanly under
   torch.compile / export; direct callers of torch.ops.torchsp.conv_fwd get it too;
-- EagerConv, which torchsp.functional uses for eager training calls (no tracer, plain tensors,
-  no functorch transform).  Same ops and arguments, minus the generic wrapper's per-call Python
-  (on an H100 host, torch's wrapper re-reads conv_fwd's 11-argument schema in fill_defaults,
-  ~28 us, and wraps forward and backward in two more layers), and backward reads the dgrad row
-  order and the wgrad pair list from the KernelMap, built once per map, instead of carrying
-  them through conv_fwd.
+- eager_conv, which torchsp.functional uses for eager training calls (no tracer, plain tensors,
+  no functorch transform): torchsp._C.conv_train, a C++ autograd node (csrc/eager.cpp) over the
+  same ops and arguments.  It skips the generic wrapper's per-call Python (on an H100 host,
+  torch's wrapper re-reads conv_fwd's 11-argument schema in fill_defaults, ~28 us, and wraps
+  forward and backward in two more layers) and torch.ops' per-argument parsing, its backward
+  runs no Python on autograd's device thread, and it takes the dgrad row order and the wgrad
+  pair list from the KernelMap (built once per map) instead of through conv_fwd.
+  H100, fwd+bwd host us per call against a Python autograd.Function over the same calls
+  (2026-11-26): subm C = 32 210 -> 182, down2 C = 64 227 -> 177.
 """
 
 import torch
 
+from . import _C
 from .plan import pass_plan, wgrad_pairs
 
 below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)  # None on a torch without it
@@ -53,43 +57,26 @@ def _backward(ctx, grad):
 torch.library.register_autograd("torchsp::conv_fwd", _backward, setup_context=_setup_context)
 
 
+def eager_conv(feats, weight, kmap, algos, order, segs, geom):
+    """y = conv_fwd(feats, weight) with the op's gradients, for eager training calls: torchsp._C
+    .conv_train, a C++ autograd node (csrc/eager.cpp) whose backward runs no Python.
+
+    feats [N_in, Cin], weight [V, Cin, Cout] (plain tensors, eager_ok), kmap: torchsp.kmap
+    .KernelMap, algos: (fwd, dgrad, wgrad) 4-lists, order: int32 [N_out] or None and segs: list of
+    ints (the forward's torchsp.plan.pass_plan), geom: torchsp.kmap.ConvGeometry.
+    Returns y [N_out, Cout], feats' dtype.  What backward needs is taken from the map here, once
+    per map (cached on it): the dgrad plan when feats requires grad, the wgrad pair list
+    (torchsp.plan.wgrad_pairs) when weight does.  The sums are those of the registered autograd.
+    """
+    fwd, dgrad, wgrad = algos
+    order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype) if feats.requires_grad else (None, [])
+    pairs, starts = (wgrad_pairs(kmap, wgrad, feats.dtype, feats.shape[1], weight.shape[2]) if weight.requires_grad
+                     else (None, None))
+    return _C.conv_train(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, segs, order_t, segs_t,
+                         pairs, starts)
+
+
 def eager_ok(feats, weight):
-    """True when EagerConv may serve a call with these operands: plain_operands and no functorch
+    """True when eager_conv may serve a call with these operands: plain_operands and no functorch
     transform active.  The caller has checked that no tracer runs."""
     return plain_operands(feats, weight) and not _functorch_active()
-
-
-class EagerConv(torch.autograd.Function):
-    """y = conv_fwd(feats, weight) with the op's gradients, for eager calls (module docstring).
-
-    forward(feats [N_in, Cin], weight [V, Cin, Cout], kmap: torchsp.kmap.KernelMap,
-            algos: (fwd, dgrad, wgrad) 4-lists, order: int32 [N_out] or None, segs: list of ints,
-            geom: torchsp.kmap.ConvGeometry) -> y [N_out, Cout], feats' dtype.
-    backward: dx = conv_dgrad(dy, weight, nbmap_t, dgrad, order_t, segs_t) with the map's dgrad
-    plan (torchsp.plan.pass_plan), dw = conv_wgrad(feats, dy, nbmap, wgrad, pairs, starts) with
-    the map's cached pair list where the CUDA kernel walks one (torchsp.plan.wgrad_pairs).
-    Backward is not itself differentiable, as the op's is not.
-    """
-
-    @staticmethod
-    def forward(ctx, feats, weight, kmap, algos, order, segs, geom):
-        fwd, dgrad, wgrad = algos
-        with below_autograd():
-            y = torch.ops.torchsp.conv_fwd.default(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
-                                                   order, None, segs, [])
-        ctx.save_for_backward(feats, weight)
-        ctx.kmap, ctx.dgrad, ctx.wgrad, ctx.geom = kmap, dgrad, wgrad, geom
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        feats, weight = ctx.saved_tensors
-        kmap = ctx.kmap
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            order_t, segs_t = pass_plan(kmap, "dgrad", ctx.dgrad, ctx.geom, grad.dtype)
-            grad_x = torch.ops.torchsp.conv_dgrad.default(grad, weight, kmap.nbmap_t, ctx.dgrad, order_t, segs_t)
-        if ctx.needs_input_grad[1]:
-            pairs, starts = wgrad_pairs(kmap, ctx.wgrad, grad.dtype, feats.shape[1], grad.shape[1])
-            grad_w = torch.ops.torchsp.conv_wgrad.default(feats, grad, kmap.nbmap, ctx.wgrad, pairs, starts)
-        return grad_x, grad_w, None, None, None, None, None

@@ -4,11 +4,14 @@
         -> torchsp.plan.pass_plan (CUDA: the segments of the chosen dataflow, cached)
         -> torch.ops.torchsp.conv_fwd -> csrc/shim_{cpu,cuda}.cpp -> tsp_conv_fwd_{cpu,cuda}
     Backward (torchsp._autograd): conv_dgrad and conv_wgrad, the same way down.
+    Eager calls reach the same ops through torchsp._C.conv_fwd (csrc/eager.cpp: the op's typed
+    dispatcher handle, without torch.ops' argument parsing).
 """
 
 import torch
 
-from ._autograd import EagerConv, below_autograd, eager_ok, plain_operands
+from . import _C
+from ._autograd import below_autograd, eager_conv, eager_ok, plain_operands
 from ._tracing import tracing
 from .kmap import ConvGeometry, conv_geometry, get_kernel_map
 from .plan import pass_plan
@@ -119,10 +122,9 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     order, segs = pass_plan(kmap, "fwd", fwd, geom, feats.dtype)
     if _gradless(traced, feats, weight):
         with below_autograd():
-            y = torch.ops.torchsp.conv_fwd.default(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad,
-                                                   order, None, segs, [])
+            y = _C.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, None, segs, [])
     elif not traced and eager_ok(feats, weight):  # eager training call: torchsp._autograd's lean route
-        y = EagerConv.apply(feats, weight, kmap, (fwd, dgrad, wgrad), order, segs, geom)
+        y = eager_conv(feats, weight, kmap, (fwd, dgrad, wgrad), order, segs, geom)
     else:
         order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype)
         y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, order_t,

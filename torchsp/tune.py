@@ -441,7 +441,7 @@ def _measure(feats, kmap, geom, weight):
         order_t, segs_t = pass_plan(kmap, "dgrad", a, geom, dtype)
         return ops.conv_dgrad(g, w, kmap.nbmap_t, a, order_t, segs_t)
 
-    def wgrad(a):  # with the map's pair list where training passes it (torchsp._autograd.EagerConv)
+    def wgrad(a):  # with the map's pair list where training passes it (torchsp._autograd.eager_conv)
         pairs, starts = wgrad_pairs(kmap, a, dtype, x.shape[1], g.shape[1])
         return ops.conv_wgrad(x, g, kmap.nbmap, a, pairs, starts)
 

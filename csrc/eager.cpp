@@ -1,0 +1,155 @@
+/*
+** eager.cpp: the torchsp._C Python module: two entries for torchsp's eager
+** calls into the registered convolution ops.
+**
+** conv_fwd: torch.ops.torchsp.conv_fwd(...) turns each Python argument into a boxed
+** IValue checked against the schema before the dispatcher runs.  For conv_fwd's
+** 11 arguments that costs ~3 us a call on a 2-core x86 host, paid on every
+** layer call ahead of the kernel launch.  This entry takes the arguments
+** through pybind11's casters and calls the same op through its typed
+** dispatcher handle, so every dispatch key still applies: autograd, CPU /
+** CUDA, Python modes, the profiler's record.
+**
+** conv_train: the eager training call, a C++ autograd node (the forward below
+** the autograd key, the backward calling conv_dgrad and conv_wgrad with the
+** plans the caller passed), so a backward runs no Python on autograd's device
+** thread.
+**
+** torchsp.functional and torchsp._autograd call them on the eager path only;
+** traced code calls torch.ops.torchsp.* (and conv_fwd's registered autograd)
+** as before.
+*/
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+
+namespace torchsp {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+using FwdFn = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, const at::Tensor &,
+                         c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef, const OptTensor &,
+                         const OptTensor &, c10::IntArrayRef, c10::IntArrayRef);
+using DgradFn = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, c10::IntArrayRef,
+                           const OptTensor &, c10::IntArrayRef);
+using WgradFn = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, c10::IntArrayRef,
+                           const OptTensor &, const OptTensor &);
+
+/* The op's typed handle, looked up once (ops.cpp registers the schemas when
+** this library loads); typed() checks the signature against the schema. */
+template <typename Fn> c10::TypedOperatorHandle<Fn> handle(const char *name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
+}
+
+const c10::TypedOperatorHandle<FwdFn> &fwd_op() {
+  static const auto op = handle<FwdFn>("torchsp::conv_fwd");
+  return op;
+}
+const c10::TypedOperatorHandle<DgradFn> &dgrad_op() {
+  static const auto op = handle<DgradFn>("torchsp::conv_dgrad");
+  return op;
+}
+const c10::TypedOperatorHandle<WgradFn> &wgrad_op() {
+  static const auto op = handle<WgradFn>("torchsp::conv_wgrad");
+  return op;
+}
+
+at::Tensor conv_fwd(const at::Tensor &x, const at::Tensor &w, const at::Tensor &nbmap, const at::Tensor &nbmap_t,
+                    c10::IntArrayRef fwd_algo, c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
+                    const OptTensor &order, const OptTensor &order_t, c10::IntArrayRef segs,
+                    c10::IntArrayRef segs_t) {
+  HANDLE_TH_ERRORS
+  pybind11::gil_scoped_release no_gil;
+  return fwd_op().call(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, order_t, segs, segs_t);
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
+}  // namespace
+
+/*
+** y = conv_fwd(x, w) with the op's gradients.  Forward: conv_fwd below the
+** autograd key (Function::apply has turned grad mode off, which would still
+** enter conv_fwd's registered Python autograd kernel).  Backward: dx =
+** conv_dgrad(dy, w, nbmap_t, dgrad_algo, order_t, segs_t) when x required
+** grad, dw = conv_wgrad(x, dy, nbmap, wgrad_algo, pairs, pair_starts) when w
+** did: the same calls, arguments and sums as the registered autograd of
+** torchsp/_autograd.py.  The dgrad and wgrad ops are not differentiable, so
+** neither is this backward.
+*/
+struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &w,
+                            const at::Tensor &nbmap, const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
+                            c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo, const OptTensor &order,
+                            c10::IntArrayRef segs, const OptTensor &order_t, c10::IntArrayRef segs_t,
+                            const OptTensor &pairs, const OptTensor &pair_starts) {
+    at::Tensor y;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      y = fwd_op().call(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, std::nullopt, segs, {});
+    }
+    const bool dx = x.requires_grad(), dw = w.requires_grad();
+    ctx->save_for_backward({dw ? x : at::Tensor(), w});
+    auto &d = ctx->saved_data;
+    d["dx"] = dx;
+    d["dw"] = dw;
+    if (dx) {
+      d["nbmap_t"] = nbmap_t;
+      d["dgrad_algo"] = dgrad_algo;
+      d["order_t"] = order_t;
+      d["segs_t"] = segs_t;
+    }
+    if (dw) {
+      d["nbmap"] = nbmap;
+      d["wgrad_algo"] = wgrad_algo;
+      d["pairs"] = pairs;
+      d["pair_starts"] = pair_starts;
+    }
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &dy = grads[0];
+    auto &d = ctx->saved_data;
+    at::Tensor dx, dw;
+    if (d["dx"].toBool())
+      dx = dgrad_op().call(dy, saved[1], d["nbmap_t"].toTensor(), d["dgrad_algo"].toIntVector(),
+                           d["order_t"].toOptional<at::Tensor>(), d["segs_t"].toIntVector());
+    if (d["dw"].toBool())
+      dw = wgrad_op().call(saved[0], dy, d["nbmap"].toTensor(), d["wgrad_algo"].toIntVector(),
+                           d["pairs"].toOptional<at::Tensor>(), d["pair_starts"].toOptional<at::Tensor>());
+    torch::autograd::variable_list out(13);
+    out[0] = dx;
+    out[1] = dw;
+    return out;
+  }
+};
+
+at::Tensor conv_train(const at::Tensor &x, const at::Tensor &w, const at::Tensor &nbmap, const at::Tensor &nbmap_t,
+                      c10::IntArrayRef fwd_algo, c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
+                      const OptTensor &order, c10::IntArrayRef segs, const OptTensor &order_t,
+                      c10::IntArrayRef segs_t, const OptTensor &pairs, const OptTensor &pair_starts) {
+  HANDLE_TH_ERRORS
+  pybind11::gil_scoped_release no_gil;
+  return SparseConvFunction::apply(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, segs, order_t,
+                                   segs_t, pairs, pair_starts);
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
+}  // namespace torchsp
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchsp's compiled library: loading it registers torch.ops.torchsp.*; the functions below are "
+            "eager entries into conv_fwd through its typed dispatcher handle (csrc/eager.cpp)";
+  m.def("conv_fwd", &torchsp::conv_fwd,
+        "conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, order_t, segs, segs_t) "
+        "-> Tensor: torch.ops.torchsp.conv_fwd with every argument given");
+  m.def("conv_train", &torchsp::conv_train,
+        "conv_train(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, segs, order_t, segs_t, "
+        "pairs, pair_starts) -> Tensor: conv_fwd as an autograd node whose backward calls conv_dgrad (order_t, "
+        "segs_t) and conv_wgrad (pairs, pair_starts)");
+}
