@@ -19,43 +19,14 @@
 ** traced code calls torch.ops.torchsp.* (and conv_fwd's registered autograd)
 ** as before.
 */
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <optional>
+#include "typed_ops.h"
 
 namespace torchsp {
 namespace {
-
-using OptTensor = std::optional<at::Tensor>;
-using FwdFn = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, const at::Tensor &,
-                         c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef, const OptTensor &,
-                         const OptTensor &, c10::IntArrayRef, c10::IntArrayRef);
-using DgradFn = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, c10::IntArrayRef,
-                           const OptTensor &, c10::IntArrayRef);
-using WgradFn = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, c10::IntArrayRef,
-                           const OptTensor &, const OptTensor &);
-
-/* The op's typed handle, looked up once (ops.cpp registers the schemas when
-** this library loads); typed() checks the signature against the schema. */
-template <typename Fn> c10::TypedOperatorHandle<Fn> handle(const char *name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
-}
-
-const c10::TypedOperatorHandle<FwdFn> &fwd_op() {
-  static const auto op = handle<FwdFn>("torchsp::conv_fwd");
-  return op;
-}
-const c10::TypedOperatorHandle<DgradFn> &dgrad_op() {
-  static const auto op = handle<DgradFn>("torchsp::conv_dgrad");
-  return op;
-}
-const c10::TypedOperatorHandle<WgradFn> &wgrad_op() {
-  static const auto op = handle<WgradFn>("torchsp::conv_wgrad");
-  return op;
-}
 
 at::Tensor conv_fwd(const at::Tensor &x, const at::Tensor &w, const at::Tensor &nbmap, const at::Tensor &nbmap_t,
                     c10::IntArrayRef fwd_algo, c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
@@ -63,7 +34,7 @@ at::Tensor conv_fwd(const at::Tensor &x, const at::Tensor &w, const at::Tensor &
                     c10::IntArrayRef segs_t) {
   HANDLE_TH_ERRORS
   pybind11::gil_scoped_release no_gil;
-  return fwd_op().call(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, order_t, segs, segs_t);
+  return conv_fwd_op().call(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, order_t, segs, segs_t);
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
@@ -88,7 +59,7 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
     at::Tensor y;
     {
       at::AutoDispatchBelowADInplaceOrView below;
-      y = fwd_op().call(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, std::nullopt, segs, {});
+      y = conv_fwd_op().call(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, std::nullopt, segs, {});
     }
     const bool dx = x.requires_grad(), dw = w.requires_grad();
     ctx->save_for_backward({dw ? x : at::Tensor(), w});
@@ -117,10 +88,10 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
     auto &d = ctx->saved_data;
     at::Tensor dx, dw;
     if (d["dx"].toBool())
-      dx = dgrad_op().call(dy, saved[1], d["nbmap_t"].toTensor(), d["dgrad_algo"].toIntVector(),
+      dx = conv_dgrad_op().call(dy, saved[1], d["nbmap_t"].toTensor(), d["dgrad_algo"].toIntVector(),
                            d["order_t"].toOptional<at::Tensor>(), d["segs_t"].toIntVector());
     if (d["dw"].toBool())
-      dw = wgrad_op().call(saved[0], dy, d["nbmap"].toTensor(), d["wgrad_algo"].toIntVector(),
+      dw = conv_wgrad_op().call(saved[0], dy, d["nbmap"].toTensor(), d["wgrad_algo"].toIntVector(),
                            d["pairs"].toOptional<at::Tensor>(), d["pair_starts"].toOptional<at::Tensor>());
     torch::autograd::variable_list out(13);
     out[0] = dx;

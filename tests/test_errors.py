@@ -331,3 +331,29 @@ def test_eager_entry_argument_types():
         torchsp._C.conv_fwd(x, w[:, :2], nb, nb, a, a, a, None, None, [], [])
     with pytest.raises(TypeError):
         torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], None)
+
+
+@pytest.mark.parametrize("route", ["eager", "op"])
+@pytest.mark.parametrize("wrt", ["feats", "weight"])
+def test_double_backward_fails_clearly(route, wrt, device):
+    """conv_dgrad and conv_wgrad are not differentiable (csrc/autograd.cpp): a first-order
+    gradient taken with create_graph=True is the plain one, and a backward through it raises
+    naming the op, instead of autograd's warning and a silently missing second-order term."""
+    dtype = torch.float16 if device == "cuda" else torch.float64
+    c = random_coords(80, span=4, seed=5).to(device)
+    f = randn(c.shape[0], 8, dtype=dtype, device=device).requires_grad_()
+    w = randn(27, 8, 8, dtype=dtype, device=device, seed=2, scale=0.2).requires_grad_()
+    x = torchsp.SparseTensor(f, c)
+    a = [0, 0, 0, 0]
+    if route == "eager":
+        y = torchsp.functional.sparse_conv3d(x, w, 3, algo=a).feats
+    else:
+        (km,) = x.cache.kmaps.values() if x.cache.kmaps else (torchsp.kmap.get_kernel_map(x, 3)[0],)
+        y = torch.ops.torchsp.conv_fwd(f, w, km.nbmap, km.nbmap_t, a, a, a)
+    target = f if wrt == "feats" else w
+    (g1,) = torch.autograd.grad(y.float().square().sum(), target, create_graph=True)
+    (g0,) = torch.autograd.grad(y.float().square().sum(), target)
+    assert g1.requires_grad and torch.equal(g1.detach(), g0)
+    op = "conv_dgrad" if wrt == "feats" else "conv_wgrad"
+    with pytest.raises(RuntimeError, match=rf"torchsp.{op}: a gradient of a sparse convolution's gradient"):
+        g1.float().sum().backward()
