@@ -26,30 +26,32 @@ void no_double_backward(const char *op) {
               "conv_dgrad and conv_wgrad are not differentiable");
 }
 
-struct DgradNode : public torch::autograd::Function<DgradNode> {
-  static at::Tensor forward(torch::autograd::AutogradContext *, const at::Tensor &dy, const at::Tensor &w,
-                            const at::Tensor &nbmap_t, c10::IntArrayRef algo, const OptTensor &order_t,
-                            c10::IntArrayRef segs_t) {
+/* The ops as the nodes below call them (`op`: below the autograd key) and name them. */
+struct Dgrad {
+  static constexpr const char *name = "torchsp.conv_dgrad";
+  static at::Tensor op(const at::Tensor &dy, const at::Tensor &w, const at::Tensor &nbmap_t, c10::IntArrayRef algo,
+                       const OptTensor &order_t, c10::IntArrayRef segs_t) {
     at::AutoDispatchBelowADInplaceOrView below;
     return conv_dgrad_op().call(dy, w, nbmap_t, algo, order_t, segs_t);
   }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *,
-                                                 torch::autograd::variable_list) {
-    no_double_backward("torchsp.conv_dgrad");
-    return {};
-  }
 };
-
-struct WgradNode : public torch::autograd::Function<WgradNode> {
-  static at::Tensor forward(torch::autograd::AutogradContext *, const at::Tensor &x, const at::Tensor &dy,
-                            const at::Tensor &nbmap, c10::IntArrayRef algo, const OptTensor &pairs,
-                            const OptTensor &pair_starts) {
+struct Wgrad {
+  static constexpr const char *name = "torchsp.conv_wgrad";
+  static at::Tensor op(const at::Tensor &x, const at::Tensor &dy, const at::Tensor &nbmap, c10::IntArrayRef algo,
+                       const OptTensor &pairs, const OptTensor &pair_starts) {
     at::AutoDispatchBelowADInplaceOrView below;
     return conv_wgrad_op().call(x, dy, nbmap, algo, pairs, pair_starts);
   }
+};
+
+/* Op's output as recorded while gradients are: a node whose backward raises. */
+template <typename Op> struct OnceNode : public torch::autograd::Function<OnceNode<Op>> {
+  template <typename... Args> static at::Tensor forward(torch::autograd::AutogradContext *, const Args &...args) {
+    return Op::op(args...);
+  }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *,
                                                  torch::autograd::variable_list) {
-    no_double_backward("torchsp.conv_wgrad");
+    no_double_backward(Op::name);
     return {};
   }
 };
@@ -62,16 +64,14 @@ bool recording(const at::Tensor &a, const at::Tensor &b) {
 
 at::Tensor conv_dgrad_autograd(const at::Tensor &dy, const at::Tensor &w, const at::Tensor &nbmap_t,
                                c10::IntArrayRef algo, const OptTensor &order_t, c10::IntArrayRef segs_t) {
-  if (recording(dy, w)) return DgradNode::apply(dy, w, nbmap_t, algo, order_t, segs_t);
-  at::AutoDispatchBelowADInplaceOrView below;
-  return conv_dgrad_op().call(dy, w, nbmap_t, algo, order_t, segs_t);
+  if (recording(dy, w)) return OnceNode<Dgrad>::apply(dy, w, nbmap_t, algo, order_t, segs_t);
+  return Dgrad::op(dy, w, nbmap_t, algo, order_t, segs_t);
 }
 
 at::Tensor conv_wgrad_autograd(const at::Tensor &x, const at::Tensor &dy, const at::Tensor &nbmap,
                                c10::IntArrayRef algo, const OptTensor &pairs, const OptTensor &pair_starts) {
-  if (recording(x, dy)) return WgradNode::apply(x, dy, nbmap, algo, pairs, pair_starts);
-  at::AutoDispatchBelowADInplaceOrView below;
-  return conv_wgrad_op().call(x, dy, nbmap, algo, pairs, pair_starts);
+  if (recording(x, dy)) return OnceNode<Wgrad>::apply(x, dy, nbmap, algo, pairs, pair_starts);
+  return Wgrad::op(x, dy, nbmap, algo, pairs, pair_starts);
 }
 
 }  // namespace
