@@ -4,8 +4,9 @@
         -> torchsp.plan.pass_plan (CUDA: the segments of the chosen dataflow, cached)
         -> torch.ops.torchsp.conv_fwd -> csrc/shim_{cpu,cuda}.cpp -> tsp_conv_fwd_{cpu,cuda}
     Backward (torchsp._autograd): conv_dgrad and conv_wgrad, the same way down.
-    Eager calls reach the same ops through torchsp._C.conv_fwd (csrc/eager.cpp: the op's typed
-    dispatcher handle, without torch.ops' argument parsing).
+    Eager calls reach the same ops through torchsp._C (csrc/eager.cpp, the ops' typed dispatcher
+    handles, without torch.ops' argument parsing): conv_fwd without gradients, conv_train (one
+    C++ autograd node, torchsp._autograd.eager_conv) in training.
 """
 
 import torch
