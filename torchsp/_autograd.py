@@ -67,6 +67,11 @@ def eager_conv(feats, weight, kmap, algos, order, segs, geom):
     Returns y [N_out, Cout], feats' dtype.  What backward needs is taken from the map here, once
     per map (cached on it): the dgrad plan when feats requires grad, the wgrad pair list
     (torchsp.plan.wgrad_pairs) when weight does.  The sums are those of the registered autograd.
+    So a forward in grad mode builds them even when no backward follows; the pair list costs a
+    synchronisation per new map.  H100, MinkUNet at 0.05 m, fresh maps every call: a forward in
+    grad mode without backward 11.7 -> 14.7 ms against the Python route that built them in
+    backward, a training step 30.4 -> 26.0 ms.  Inference belongs under torch.no_grad() /
+    torch.inference_mode(), which builds neither.
     """
     fwd, dgrad, wgrad = algos
     order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype) if feats.requires_grad else (None, [])
