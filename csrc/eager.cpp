@@ -13,7 +13,10 @@
 ** conv_train: the eager training call, a C++ autograd node (the forward below
 ** the autograd key, the backward calling conv_dgrad and conv_wgrad with the
 ** plans the caller passed), so a backward runs no Python on autograd's device
-** thread.
+** thread.  The wgrad pair list comes as the map's PairList (pair_list.h),
+** built by the first backward that reads it, not at forward.
+**
+** PairList: the class behind torchsp.plan's pair lists.
 **
 ** torchsp.functional and torchsp._autograd call them on the eager path only;
 ** traced code calls torch.ops.torchsp.* (and conv_fwd's registered autograd)
@@ -23,6 +26,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "pair_list.h"
 #include "typed_ops.h"
 
 namespace torchsp {
@@ -46,16 +50,17 @@ at::Tensor conv_fwd(const at::Tensor &x, const at::Tensor &w, const at::Tensor &
 ** enter conv_fwd's registered Python autograd kernel).  Backward: dx =
 ** conv_dgrad(dy, w, nbmap_t, dgrad_algo, order_t, segs_t) when x required
 ** grad, dw = conv_wgrad(x, dy, nbmap, wgrad_algo, pairs, pair_starts) when w
-** did: the same calls, arguments and sums as the registered autograd of
-** torchsp/_autograd.py.  The dgrad and wgrad ops are not differentiable, so
-** neither is this backward.
+** did, pairs and pair_starts from pair_list->get() (built there on the map's
+** first backward) or none: the same calls, arguments and sums as the
+** registered autograd of torchsp/_autograd.py.  The dgrad and wgrad ops are
+** not differentiable, so neither is this backward.
 */
 struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &w,
                             const at::Tensor &nbmap, const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
                             c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo, const OptTensor &order,
                             c10::IntArrayRef segs, const OptTensor &order_t, c10::IntArrayRef segs_t,
-                            const OptTensor &pairs, const OptTensor &pair_starts) {
+                            const OptPairList &pair_list) {
     at::Tensor y;
     {
       at::AutoDispatchBelowADInplaceOrView below;
@@ -75,8 +80,7 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
     if (dw) {
       d["nbmap"] = nbmap;
       d["wgrad_algo"] = wgrad_algo;
-      d["pairs"] = pairs;
-      d["pair_starts"] = pair_starts;
+      if (pair_list) d["pair_list"] = pair_list_tensor(*pair_list);
     }
     return y;
   }
@@ -90,10 +94,14 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
     if (d["dx"].toBool())
       dx = conv_dgrad_op().call(dy, saved[1], d["nbmap_t"].toTensor(), d["dgrad_algo"].toIntVector(),
                            d["order_t"].toOptional<at::Tensor>(), d["segs_t"].toIntVector());
-    if (d["dw"].toBool())
-      dw = conv_wgrad_op().call(saved[0], dy, d["nbmap"].toTensor(), d["wgrad_algo"].toIntVector(),
-                           d["pairs"].toOptional<at::Tensor>(), d["pair_starts"].toOptional<at::Tensor>());
-    torch::autograd::variable_list out(13);
+    if (d["dw"].toBool()) {
+      OptTensor pairs, starts;
+      const auto held = d.find("pair_list");
+      PairList *list = held != d.end() ? pair_list_of(held->second.toTensor()) : nullptr;
+      if (list) std::tie(pairs, starts) = list->get();
+      dw = conv_wgrad_op().call(saved[0], dy, d["nbmap"].toTensor(), d["wgrad_algo"].toIntVector(), pairs, starts);
+    }
+    torch::autograd::variable_list out(12);
     out[0] = dx;
     out[1] = dw;
     return out;
@@ -103,11 +111,20 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
 at::Tensor conv_train(const at::Tensor &x, const at::Tensor &w, const at::Tensor &nbmap, const at::Tensor &nbmap_t,
                       c10::IntArrayRef fwd_algo, c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
                       const OptTensor &order, c10::IntArrayRef segs, const OptTensor &order_t,
-                      c10::IntArrayRef segs_t, const OptTensor &pairs, const OptTensor &pair_starts) {
+                      c10::IntArrayRef segs_t, const OptPairList &pair_list) {
   HANDLE_TH_ERRORS
   pybind11::gil_scoped_release no_gil;
   return SparseConvFunction::apply(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, segs, order_t,
-                                   segs_t, pairs, pair_starts);
+                                   segs_t, pair_list);
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
+c10::intrusive_ptr<PairList> pair_list_new(const at::Tensor &nbmap) { return c10::make_intrusive<PairList>(nbmap); }
+
+std::tuple<at::Tensor, at::Tensor> pair_list_get(PairList &self) {
+  HANDLE_TH_ERRORS
+  pybind11::gil_scoped_release no_gil;  // the build synchronises with the device
+  return self.get();
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
@@ -121,6 +138,19 @@ PYBIND11_MODULE(_C, m) {
         "-> Tensor: torch.ops.torchsp.conv_fwd with every argument given");
   m.def("conv_train", &torchsp::conv_train,
         "conv_train(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, segs, order_t, segs_t, "
-        "pairs, pair_starts) -> Tensor: conv_fwd as an autograd node whose backward calls conv_dgrad (order_t, "
-        "segs_t) and conv_wgrad (pairs, pair_starts)");
+        "pair_list) -> Tensor: conv_fwd as an autograd node whose backward calls conv_dgrad (order_t, segs_t) "
+        "and conv_wgrad (pair_list.get() when pair_list is a PairList of nbmap, built then if it is not yet)");
+  pybind11::class_<torchsp::PairList, c10::intrusive_ptr<torchsp::PairList>>(
+      m, "PairList",
+      "PairList(nbmap): the pair list of a kernel map direction (nbmap int32 [N, V]), built on the first get() "
+      "and kept (csrc/pair_list.h)")
+      .def(pybind11::init(&torchsp::pair_list_new), pybind11::arg("nbmap"))
+      .def("get", &torchsp::pair_list_get,
+           "get() -> (pairs int32 [P], starts int64 [V + 1]): torch.ops.torchsp.kernel_map_pairs(nbmap), built "
+           "on the first call (one synchronisation) and returned as built after it")
+      .def_property_readonly("built", &torchsp::PairList::built, "whether get() has built the list")
+      .def_property_readonly(
+          "refs", [](torchsp::PairList &self) { return c10::raw::intrusive_ptr::use_count(&self); },
+          "references to the list: Python's, and one per conv_train node that keeps it")
+      .def_readonly("nbmap", &torchsp::PairList::nbmap, "int32 [N, V]: the map rows");
 }

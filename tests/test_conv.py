@@ -317,6 +317,95 @@ def test_eager_train_node_semantics(device):
     assert y.grad_fn is None and not y.requires_grad
 
 
+def test_eager_train_pair_list_built_in_backward(device):
+    """The wgrad pair list of an eager training call (torchsp.plan.pair_list, a torchsp._C.PairList)
+    is built by the first backward that reads it, not at forward: a forward in grad mode leaves it
+    unbuilt, the backward builds it (against a pure-torch reference of the map's pairs), a second
+    layer on the same map reuses it, and the weight gradients match the fp64 dense reference.  On
+    a device whose wgrad takes no pair list, the PairList itself against the reference."""
+    from test_pairs import check_pairs
+    from torchsp.kmap import conv_geometry, get_kernel_map
+    from torchsp.plan import pair_list, wgrad_pair_list
+    case = BY_NAME["sub_k3"]
+    dtype = torch.float16 if device == "cuda" else torch.float64
+    x, _ = build(case, cin=32, device=device, dtype=dtype, seed=61)
+    km = get_kernel_map(x, conv_geometry(3), traced=False)[0]
+    holder = wgrad_pair_list(km, [0, 0, 0, 0], dtype, 32, 32)
+    if holder is None:  # CPU, or a CUDA build / device without the pair-piece wgrad
+        holder = torchsp._C.PairList(km.nbmap)
+        assert not holder.built and torch.equal(holder.nbmap, km.nbmap)
+        pairs, starts = holder.get()
+        assert holder.built and holder.get()[0] is not None
+        check_pairs(km.nbmap, pairs, starts)
+        return
+    assert holder is pair_list(km, "fwd") and not holder.built
+    ws = [randn(27, 32, 32, seed=62 + i, dtype=dtype, device=device, scale=(27 * 32) ** -0.5).requires_grad_()
+          for i in range(2)]
+    g = randn(x.coords.shape[0], 32, seed=64, dtype=dtype, device=device)
+    y = F.sparse_conv3d(x, ws[0], 3, algo=[0, 0, 0, 0]).feats
+    assert not holder.built, "a forward in grad mode built the wgrad pair list"
+    y.backward(g)
+    assert holder.built
+    check_pairs(km.nbmap, *holder.get())
+    pairs = holder.get()[0]
+    y = F.sparse_conv3d(x, ws[1], 3, algo=[0, 0, 0, 0]).feats
+    y.backward(g)
+    assert pair_list(km, "fwd") is holder and holder.get()[0] is pairs
+    for w in ws:
+        rw = w.detach().cpu().double().requires_grad_()
+        reference(case, x.feats.cpu().double(), x.coords, rw, x.coords.cpu()).backward(g.cpu().double())
+        assert rel_err(w.grad, rw.grad) <= 2 * TOL[(device, dtype)]
+
+
+@pytest.mark.parametrize("backward", ["eager", "compiled_autograd"])
+def test_eager_train_node_holds_its_pair_list(backward, device):
+    """torchsp._C.conv_train keeps the PairList it is given (csrc/pair_list.h: a tensor in the
+    node's saved data owns a reference) until the node goes; the backward builds the list and
+    runs the pair-list wgrad, also under compiled autograd (which hashes the saved data), and a
+    node whose list nothing else holds still has it.  Gradients against the fp64 dense reference;
+    the list against the pure-torch reference of the map's pairs."""
+    import gc
+    from test_pairs import check_pairs
+    from torchsp.kmap import conv_geometry, get_kernel_map
+    case = BY_NAME["sub_k3"]
+    dtype = torch.float16 if device == "cuda" else torch.float64
+    x, _ = build(case, cin=32, device=device, dtype=dtype, seed=71)
+    km = get_kernel_map(x, conv_geometry(3), traced=False)[0]
+    f = x.feats.detach().clone().requires_grad_()
+    w = randn(27, 32, 16, seed=72, dtype=dtype, device=device, scale=(27 * 32) ** -0.5).requires_grad_()
+    g = randn(x.coords.shape[0], 16, seed=73, dtype=dtype, device=device)
+    a = [0, 0, 0, 0]
+    holder = torchsp._C.PairList(km.nbmap)
+    assert holder.refs == 1
+    train = lambda pair_list: torchsp._C.conv_train(f, w, km.nbmap, km.nbmap_t, a, a, a, km.order, [],  # noqa: E731
+                                                   km.order_t, [], pair_list)
+    y = train(holder)
+    assert holder.refs == 2 and not holder.built
+    if backward == "eager":
+        y.backward(g)
+    else:
+        import torch._dynamo.compiled_autograd as ca
+        enable = getattr(ca, "_enable", None) or ca.enable  # torch >= 2.6 / 2.4-2.5
+        with enable(torch.compile(backend="eager")):
+            y.backward(g)
+    assert holder.built
+    check_pairs(km.nbmap, *holder.get())
+    rf = x.feats.detach().cpu().double().requires_grad_()
+    rw = w.detach().cpu().double().requires_grad_()
+    reference(case, rf, x.coords, rw, x.coords.cpu()).backward(g.cpu().double())
+    tol = TOL[(device, dtype)] * (1 if device == "cpu" else 2)
+    assert rel_err(f.grad, rf.grad) <= tol and rel_err(w.grad, rw.grad) <= tol
+    del y
+    gc.collect()
+    # Compiled autograd keeps the inputs of the backwards it compiled (seen: the first two's,
+    # with torch 2.13), as it does any saved tensor: only an eager node's reference is counted.
+    assert backward != "eager" or holder.refs == 1, "the node kept its pair list after it went"
+    dx, dw = f.grad, w.grad
+    f.grad = w.grad = None
+    train(torchsp._C.PairList(km.nbmap)).backward(g)  # the node's reference is the list's only one
+    assert torch.equal(f.grad, dx) and torch.equal(w.grad, dw)
+
+
 def test_geometry_memo_keeps_argument_checks():
     """conv_geometry memoises on (type, value): kernel_size=True is still an error after 1 was
     seen, and a list argument still works."""

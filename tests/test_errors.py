@@ -329,8 +329,14 @@ def test_eager_entry_argument_types():
         torchsp._C.conv_fwd(x, w, nb.long(), nb, a, a, a, None, None, [], [])
     with pytest.raises(RuntimeError, match="weight"):
         torchsp._C.conv_fwd(x, w[:, :2], nb, nb, a, a, a, None, None, [], [])
+    with pytest.raises(TypeError):  # one argument short
+        torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [])
+    with pytest.raises(TypeError):  # pair_list takes a torchsp._C.PairList or None
+        torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], (nb, nb))
     with pytest.raises(TypeError):
-        torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], None)
+        torchsp._C.PairList("nbmap")
+    with pytest.raises(RuntimeError, match="nbmap.*int32"):
+        torchsp._C.PairList(nb.long()).get()
 
 
 @pytest.mark.parametrize("route", ["eager", "op"])

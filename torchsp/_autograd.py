@@ -11,7 +11,8 @@ Two routes to the same kernels:
   torch's wrapper re-reads conv_fwd's 11-argument schema in fill_defaults, ~28 us, and wraps
   forward and backward in two more layers) and torch.ops' per-argument parsing, its backward
   runs no Python on autograd's device thread, and it takes the dgrad row order and the wgrad
-  pair list from the KernelMap (built once per map) instead of through conv_fwd.
+  pair list from the KernelMap (built once per map; the pair list in the first backward that
+  reads it) instead of through conv_fwd.
   H100, fwd+bwd host us per call against a Python autograd.Function over the same calls
   (2026-11-26): subm C = 32 210 -> 182, down2 C = 64 227 -> 177.
 """
@@ -19,7 +20,7 @@ Two routes to the same kernels:
 import torch
 
 from . import _C
-from .plan import pass_plan, wgrad_pairs
+from .plan import pass_plan, wgrad_pair_list
 
 below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)  # None on a torch without it
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
@@ -66,19 +67,18 @@ def eager_conv(feats, weight, kmap, algos, order, segs, geom):
     ints (the forward's torchsp.plan.pass_plan), geom: torchsp.kmap.ConvGeometry.
     Returns y [N_out, Cout], feats' dtype.  What backward needs is taken from the map here, once
     per map (cached on it): the dgrad plan when feats requires grad, the wgrad pair list
-    (torchsp.plan.wgrad_pairs) when weight does.  The sums are those of the registered autograd.
-    So a forward in grad mode builds them even when no backward follows; the pair list costs a
-    synchronisation per new map.  H100, MinkUNet at 0.05 m, fresh maps every call: a forward in
-    grad mode without backward 11.7 -> 14.7 ms against the Python route that built them in
-    backward, a training step 30.4 -> 26.0 ms.  Inference belongs under torch.no_grad() /
-    torch.inference_mode(), which builds neither.
+    (torchsp.plan.wgrad_pair_list) when weight does, unbuilt: the first backward that reads it
+    builds it (its length is read back, one synchronisation per map), so a forward in grad mode
+    that no backward follows pays only for the dgrad plan.  The sums are those of the registered
+    autograd.  Inference belongs under torch.no_grad() / torch.inference_mode(), which builds
+    neither.
     """
     fwd, dgrad, wgrad = algos
     order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype) if feats.requires_grad else (None, [])
-    pairs, starts = (wgrad_pairs(kmap, wgrad, feats.dtype, feats.shape[1], weight.shape[2]) if weight.requires_grad
-                     else (None, None))
+    pairs = (wgrad_pair_list(kmap, wgrad, feats.dtype, feats.shape[1], weight.shape[2]) if weight.requires_grad
+             else None)
     return _C.conv_train(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, segs, order_t, segs_t,
-                         pairs, starts)
+                         pairs)
 
 
 def eager_ok(feats, weight):

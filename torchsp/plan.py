@@ -41,7 +41,7 @@ deterministic.  This module turns a pass's algorithm choice into a plan:
                      the second segment's tiles each pay a fixed cost (README).
 
 Plans are built once per KernelMap and pass (cached on it).  Building the pair
-lists reads their sizes back to the host (one synchronisation per map), so
+lists (pair_list) reads their sizes back to the host (one synchronisation per map), so
 while torch.compile or a tracer runs, a segmented choice runs as the plain
 pass (same results, another speed).
 The CPU kernels take no plans (they have their own dataflows), nor does exact
@@ -53,10 +53,10 @@ tensor-core kernels, which take every plan as fp16 and bf16 do.
 
 import torch
 
-from . import _build_info
+from . import _C, _build_info
 from ._tracing import tracing
 from .geometry import offset_l1
-from .kmap import map_pairs, mask_order
+from .kmap import mask_order
 
 # Segments name their offsets in one int64 bit mask; mask_order takes 63.
 MAX_VOLUME = 63
@@ -87,21 +87,24 @@ def takes_segments(dtype, algo):
     return dtype in (None, torch.float16, torch.bfloat16) or (dtype == torch.float32 and algo[1] == TF32_TILE)
 
 
-def _pair_list(kmap, which):
-    """(pairs int32 [P], starts int64 [V + 1], both on the map's device, starts as a list of
-    ints) of nbmap or nbmap_t, built once per map (one synchronisation: P is read back)."""
+def pair_list(kmap, which):
+    """torchsp._C.PairList of nbmap (which = "fwd") or nbmap_t ("dgrad"): the map's pair list
+    (torchsp.kmap.map_pairs), built on its first get() (one synchronisation: P is read back)
+    and kept, one per map and direction (in kmap.plans, so a cleared cache rebuilds it).
+    The training node (torchsp._autograd.eager_conv) takes it unbuilt: its first backward builds it."""
     hit = kmap.plans.get(("pairs", which))
     if hit is None:
-        nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
-        pairs, starts = map_pairs(nb)
-        hit = kmap.plans[("pairs", which)] = (pairs, starts, [int(v) for v in starts.tolist()])
+        hit = kmap.plans[("pairs", which)] = _C.PairList(kmap.nbmap if which == "fwd" else kmap.nbmap_t)
     return hit
 
 
 def _pairs(kmap, which):
     """(pairs int32 [P] on the map's device, starts list of V + 1 ints) of nbmap or nbmap_t."""
-    pairs, _, starts = _pair_list(kmap, which)
-    return pairs, starts
+    hit = kmap.plans.get(("starts", which))
+    if hit is None:
+        pairs, starts = pair_list(kmap, which).get()
+        hit = kmap.plans[("starts", which)] = (pairs, [int(v) for v in starts.tolist()])
+    return hit
 
 
 _WGMMA = {}  # CUDA device index -> its compute capability is (9, 0)
@@ -118,26 +121,30 @@ def wgmma_available(device):
     return _WGMMA[index]
 
 
-def wgrad_pairs(kmap, algo, dtype, c_in, c_out):
-    """(pairs, starts) for torch.ops.torchsp.conv_wgrad, or (None, None).
+def wgrad_pair_list(kmap, algo, dtype, c_in, c_out):
+    """The map's PairList (pair_list, unbuilt until read) for conv_wgrad, or None.
 
     The CUDA wgrad over pair pieces (csrc/cuda/conv_wgmma_wgrad.cu; what algo tile 0 runs for
     fp16/bf16 with both channel counts >= 32 on an sm_90a build and an sm_90 device, or
     dataflow 1 with tile 12, 13 or 15) walks nbmap's pair list.  Passed in, it is built once
-    per map (kernel_map_pairs, cached on kmap) instead of on every call (two passes over the
-    map and a scan: ~27-38 us on an H100 at 126-173k rows).  (None, None) wherever that kernel
-    does not run, and while tracing (the list's length is data-dependent; the op builds it).
+    per map (kernel_map_pairs, kept with kmap) instead of on every call (two passes over the
+    map and a scan: ~27-38 us on an H100 at 126-173k rows).  None wherever that kernel does
+    not run, and while tracing (the list's length is data-dependent; the op builds it).
     """
     nb = kmap.nbmap
     if (not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or c_in % 8 or c_out % 8
             or nb.shape[0] == 0 or tracing() or not wgmma_available(nb.device)):
-        return None, None
+        return None
     pieces = ((algo[1] == 0 and min(c_in, c_out) >= WGRAD_PIECES_MIN_C)
               or (algo[0] == 1 and algo[1] in (12, 13, 15)))
-    if not pieces:
-        return None, None
-    pairs, starts, _ = _pair_list(kmap, "fwd")
-    return pairs, starts
+    return pair_list(kmap, "fwd") if pieces else None
+
+
+def wgrad_pairs(kmap, algo, dtype, c_in, c_out):
+    """(pairs, starts) for torch.ops.torchsp.conv_wgrad: wgrad_pair_list's list, built now, or
+    (None, None) where it is None."""
+    holder = wgrad_pair_list(kmap, algo, dtype, c_in, c_out)
+    return holder.get() if holder is not None else (None, None)
 
 
 # Segment flags (csrc/torchsp.h, tsp_segment): all_rows | 2 * add_out | 4 * plan.

@@ -1,0 +1,77 @@
+/*
+** pair_list.h: a kernel map's pair list (kernel_map_pairs: for each offset k
+** the output rows that have it), built on first use and shared by every
+** holder of the map.
+**
+** The CUDA wgrad over pair pieces walks nbmap's pair list.  Building it reads
+** its length back to the host (one synchronisation per map), so an eager
+** training call builds it in backward, not at forward: a forward in grad mode
+** that no backward follows (an evaluation loop without no_grad) never pays for
+** it.  torchsp.plan keeps one PairList per map and direction in the map's
+** plans; the training node (eager.cpp) keeps a reference to its map's, so a
+** list is built once however many layers and passes read it.
+*/
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <ATen/ops/from_blob.h>
+
+#include <mutex>
+#include <tuple>
+
+#include "typed_ops.h"
+
+namespace torchsp {
+
+/* One map direction's pair list.  nbmap: int32 [N, V], the map rows;
+** pairs (int32 [P]) and starts (int64 [V + 1]) are undefined until the first
+** get().  get() may run on autograd's device threads and on the caller's at
+** once: a mutex orders the builds. */
+struct PairList : torch::CustomClassHolder {
+  explicit PairList(at::Tensor nbmap_) : nbmap(std::move(nbmap_)) {}
+
+  /* (pairs, starts) = kernel_map_pairs(nbmap), built on the first call. */
+  std::tuple<at::Tensor, at::Tensor> get() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!pairs.defined()) std::tie(pairs, starts) = kernel_map_pairs_op().call(nbmap);
+    return {pairs, starts};
+  }
+
+  /* Whether get() has built the list. */
+  bool built() {
+    std::lock_guard<std::mutex> lock(mu);
+    return pairs.defined();
+  }
+
+  const at::Tensor nbmap;
+
+ private:
+  std::mutex mu;
+  at::Tensor pairs, starts;
+};
+
+using OptPairList = std::optional<c10::intrusive_ptr<PairList>>;
+
+/*
+** A PairList carried by a tensor, for the training node's saved data: compiled
+** autograd (torch._dynamo.compiled_autograd) hashes every saved value, and a
+** tensor hashes where a capsule of a C++ object does not.  The tensor has no
+** elements; its storage's context owns one reference to the list, dropped by
+** release_pair_list when the storage goes.
+*/
+inline void release_pair_list(void *ctx) { c10::intrusive_ptr<PairList>::reclaim(static_cast<PairList *>(ctx)); }
+
+inline at::Tensor pair_list_tensor(const c10::intrusive_ptr<PairList> &list) {
+  PairList *ref = c10::intrusive_ptr<PairList>(list).release();  // the reference the storage owns
+  return at::for_blob(ref, {0}).context(ref, &release_pair_list).options(at::TensorOptions(at::kByte)).make_tensor();
+}
+
+/* The list pair_list_tensor put in t, or nullptr for any other tensor (a
+** tracer's stand-in, say). */
+inline PairList *pair_list_of(const at::Tensor &t) {
+  if (!t.defined() || !t.has_storage()) return nullptr;
+  const c10::DataPtr &data = t.storage().data_ptr();
+  return data.get_deleter() == &release_pair_list ? static_cast<PairList *>(data.get_context()) : nullptr;
+}
+
+}  // namespace torchsp
