@@ -25,6 +25,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
 
 #include "pair_list.h"
 #include "typed_ops.h"
@@ -56,6 +57,12 @@ at::Tensor conv_fwd(const at::Tensor &x, const at::Tensor &w, const at::Tensor &
 ** not differentiable, so neither is this backward.
 */
 struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction> {
+  /* Compiled autograd takes a C++ node only when it may trace its backward up
+  ** to torch 2.6; torch 2.7 and newer call an untraced backward as one opaque
+  ** op (pytorch#146229), which keeps the pair list's cache.  The backward is
+  ** traceable: every tensor goes through the ops, whose fake kernels exist. */
+  static constexpr bool is_traceable = TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 7;
+
   static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &x, const at::Tensor &w,
                             const at::Tensor &nbmap, const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
                             c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo, const OptTensor &order,
@@ -98,7 +105,8 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
       OptTensor pairs, starts;
       const auto held = d.find("pair_list");
       PairList *list = held != d.end() ? pair_list_of(held->second.toTensor()) : nullptr;
-      if (list) std::tie(pairs, starts) = list->get();
+      // A tracer's stand-in (a Python-keyed fake) must not build the cached list.
+      if (list && !dy.key_set().has(c10::DispatchKey::Python)) std::tie(pairs, starts) = list->get();
       dw = conv_wgrad_op().call(saved[0], dy, d["nbmap"].toTensor(), d["wgrad_algo"].toIntVector(), pairs, starts);
     }
     torch::autograd::variable_list out(12);

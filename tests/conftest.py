@@ -11,6 +11,7 @@
   kernel that reads workspace (or output) memory before writing it cannot pass.
 """
 
+import contextlib
 import os
 import tempfile
 
@@ -38,6 +39,19 @@ _XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
 if _XDIST_WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _XDIST_WORKERS))
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="needs CUDA"))]
+TORCH_VERSION = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def dynamic_output_shapes():
+    """Context for torch.compile(fullgraph=True) over torchsp's ops with data-dependent output
+    sizes (out_coords, kernel_map_pairs): torch < 2.10 needs
+    torch._dynamo.config.capture_dynamic_output_shape_ops set (newer torch sets it under fullgraph,
+    pytorch#163123), as the README tells users; on newer torch nothing, so the suite runs what
+    users run."""
+    if TORCH_VERSION >= (2, 10):
+        return contextlib.nullcontext()
+    import torch._dynamo
+    return torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
 
 
 @pytest.fixture(params=DEVICES)

@@ -11,7 +11,7 @@ import torch
 
 import torchsp
 from cases import BY_NAME, CASE_IDS, CASES, build, expected_coords, reference
-from conftest import CUDA, randn, rel_err
+from conftest import CUDA, TORCH_VERSION, randn, rel_err
 
 F = torchsp.functional
 
@@ -388,7 +388,9 @@ def test_eager_train_node_holds_its_pair_list(backward, device):
         enable = getattr(ca, "_enable", None) or ca.enable  # torch >= 2.6 / 2.4-2.5
         with enable(torch.compile(backend="eager")):
             y.backward(g)
-    assert holder.built
+    # torch < 2.7 traces the backward (csrc/eager.cpp, is_traceable) on stand-ins, which leave
+    # the list alone; newer torch runs it as one opaque op on the real tensors.
+    assert holder.built == (backward == "eager" or TORCH_VERSION >= (2, 7))
     check_pairs(km.nbmap, *holder.get())
     rf = x.feats.detach().cpu().double().requires_grad_()
     rw = w.detach().cpu().double().requires_grad_()

@@ -324,8 +324,12 @@ x = torchsp.SparseTensor(torch.randn(coords.shape[0], 8, generator=g, dtype=torc
 w = torch.randn(27, 8, 8, generator=g, dtype=torch.float64)
 km = torchsp.kmap.get_kernel_map(x, 3)[0]
 got = tune.choose_algo(x, km, torchsp.kmap.ConvGeometry(3), w)
-print(json.dumps({"rank": rank, "choice": got}))
-dist.destroy_process_group()
+print(json.dumps({"rank": rank, "choice": got}), flush=True)
+# Not destroy_process_group(): on torch 2.4 it deadlocks now and then with gloo (its worker
+# thread frees a tensor and waits for the GIL the main thread holds while joining it).
+dist.barrier()
+sys.stderr.flush()
+os._exit(0)
 """
 
 

@@ -289,8 +289,11 @@ def output_coords(input, geom):
     kind = "generative" if geom.stride == (1, 1, 1) else "strided"
     key = (kind, input.coord_key, geom.key())
     out = _cached_out_coords(cache, key, input.coords, geom, step, 1, out_stride, geom.rule == "floor")
-    cache.coords_by_stride.setdefault(t, (input.coords, input.coord_key))
-    cache.coords_by_stride.setdefault(out_stride, (out, key))
+    # First registration wins.  Spelled out: torch 2.4's dynamo cannot trace dict.setdefault.
+    if t not in cache.coords_by_stride:
+        cache.coords_by_stride[t] = (input.coords, input.coord_key)
+    if out_stride not in cache.coords_by_stride:
+        cache.coords_by_stride[out_stride] = (out, key)
     return out, out_stride, key, step, sign
 
 

@@ -548,7 +548,8 @@ def choose_algo(input, kmap, geom, weight, force=False, traced=None):
         return None
     t0 = time.perf_counter()
     if _state["verbose"]:
-        print(f"torchsp.tune: measuring {key}", file=sys.stderr, flush=True)
+        doing = "measuring" if _is_rank0() else "taking rank 0's measurement of"
+        print(f"torchsp.tune: {doing} {key}", file=sys.stderr, flush=True)
     choice, saved, ranked = _measure(feats, kmap, geom, weight) if _is_rank0() else ({}, 0.0, {})
     choice = _broadcast(choice)
     entry = dict(choice, saved_us=round(saved * 1e6, 2), tuned_s=round(time.perf_counter() - t0, 3),
