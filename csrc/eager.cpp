@@ -105,8 +105,8 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
       OptTensor pairs, starts;
       const auto held = d.find("pair_list");
       PairList *list = held != d.end() ? pair_list_of(held->second.toTensor()) : nullptr;
-      // A tracer's stand-in (a Python-keyed fake) must not build the cached list.
-      if (list && !dy.key_set().has(c10::DispatchKey::Python)) std::tie(pairs, starts) = list->get();
+      // A traced backward (compiled autograd below torch 2.7) leaves the list alone.
+      if (list && !stand_in(dy)) std::tie(pairs, starts) = list->get();
       dw = conv_wgrad_op().call(saved[0], dy, d["nbmap"].toTensor(), d["wgrad_algo"].toIntVector(), pairs, starts);
     }
     torch::autograd::variable_list out(12);

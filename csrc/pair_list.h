@@ -15,6 +15,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <mutex>
 #include <tuple>
@@ -23,6 +24,14 @@
 
 namespace torchsp {
 
+/* Whether t is a tracer's stand-in: a fake or proxy tensor (Python-keyed, or
+** with symbolic sizes), or anything made while a Python dispatch mode runs
+** (compiled autograd tracing a backward, FakeTensorMode). */
+inline bool stand_in(const at::Tensor &t) {
+  return t.key_set().has(c10::DispatchKey::Python) || c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python) ||
+         t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+}
+
 /* One map direction's pair list.  nbmap: int32 [N, V], the map rows;
 ** pairs (int32 [P]) and starts (int64 [V + 1]) are undefined until the first
 ** get().  get() may run on autograd's device threads and on the caller's at
@@ -30,11 +39,14 @@ namespace torchsp {
 struct PairList : torch::CustomClassHolder {
   explicit PairList(at::Tensor nbmap_) : nbmap(std::move(nbmap_)) {}
 
-  /* (pairs, starts) = kernel_map_pairs(nbmap), built on the first call. */
+  /* (pairs, starts) = kernel_map_pairs(nbmap), built on the first call; a
+  ** tracer's stand-ins are returned, never kept. */
   std::tuple<at::Tensor, at::Tensor> get() {
     std::lock_guard<std::mutex> lock(mu);
-    if (!pairs.defined()) std::tie(pairs, starts) = kernel_map_pairs_op().call(nbmap);
-    return {pairs, starts};
+    if (pairs.defined()) return {pairs, starts};
+    auto built = kernel_map_pairs_op().call(nbmap);
+    if (!stand_in(std::get<0>(built))) std::tie(pairs, starts) = built;
+    return built;
   }
 
   /* Whether get() has built the list. */
