@@ -28,7 +28,8 @@ namespace torchsp {
 ** with symbolic sizes), or anything made while a Python dispatch mode runs
 ** (compiled autograd tracing a backward, FakeTensorMode). */
 inline bool stand_in(const at::Tensor &t) {
-  return t.key_set().has(c10::DispatchKey::Python) || c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python) ||
+  return t.key_set().has(c10::DispatchKey::Python) ||
+         c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python) ||
          t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
