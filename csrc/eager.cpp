@@ -129,6 +129,21 @@ at::Tensor conv_train(const at::Tensor &x, const at::Tensor &w, const at::Tensor
 
 c10::intrusive_ptr<PairList> pair_list_new(const at::Tensor &nbmap) { return c10::make_intrusive<PairList>(nbmap); }
 
+/* Pickling (copy.deepcopy, pickle, torch.save of a SparseTensor whose map
+** holds a list): (nbmap, pairs or None, starts or None). */
+pybind11::tuple pair_list_getstate(PairList &self) {
+  auto state = self.state();
+  return pybind11::make_tuple(self.nbmap, std::get<0>(state), std::get<1>(state));
+}
+
+c10::intrusive_ptr<PairList> pair_list_setstate(const pybind11::tuple &state) {
+  if (state.size() != 3) throw pybind11::value_error("PairList: a pickled state is (nbmap, pairs, starts)");
+  HANDLE_TH_ERRORS
+  return c10::make_intrusive<PairList>(state[0].cast<at::Tensor>(), state[1].cast<OptTensor>(),
+                                       state[2].cast<OptTensor>());
+  END_HANDLE_TH_ERRORS_PYBIND
+}
+
 std::tuple<at::Tensor, at::Tensor> pair_list_get(PairList &self) {
   HANDLE_TH_ERRORS
   pybind11::gil_scoped_release no_gil;  // the build synchronises with the device
@@ -153,6 +168,7 @@ PYBIND11_MODULE(_C, m) {
       "PairList(nbmap): the pair list of a kernel map direction (nbmap int32 [N, V]), built on the first get() "
       "and kept (csrc/pair_list.h)")
       .def(pybind11::init(&torchsp::pair_list_new), pybind11::arg("nbmap"))
+      .def(pybind11::pickle(&torchsp::pair_list_getstate, &torchsp::pair_list_setstate))
       .def("get", &torchsp::pair_list_get,
            "get() -> (pairs int32 [P], starts int64 [V + 1]): torch.ops.torchsp.kernel_map_pairs(nbmap), built "
            "on the first call (one synchronisation) and returned as built after it")

@@ -39,6 +39,15 @@ inline bool stand_in(const at::Tensor &t) {
 ** once: a mutex orders the builds. */
 struct PairList : torch::CustomClassHolder {
   explicit PairList(at::Tensor nbmap_) : nbmap(std::move(nbmap_)) {}
+  /* A list restored as built (pickling): pairs and starts both given, or neither. */
+  PairList(at::Tensor nbmap_, const std::optional<at::Tensor> &pairs_, const std::optional<at::Tensor> &starts_)
+      : nbmap(std::move(nbmap_)) {
+    TORCH_CHECK(pairs_.has_value() == starts_.has_value(), "PairList: pairs and starts come together");
+    if (pairs_) {
+      pairs = *pairs_;
+      starts = *starts_;
+    }
+  }
 
   /* (pairs, starts) = kernel_map_pairs(nbmap), built on the first call; a
   ** tracer's stand-ins are returned, never kept. */
@@ -48,6 +57,13 @@ struct PairList : torch::CustomClassHolder {
     auto built = kernel_map_pairs_op().call(nbmap);
     if (!stand_in(std::get<0>(built))) std::tie(pairs, starts) = built;
     return built;
+  }
+
+  /* (pairs, starts) as built, or (None, None): the state pickling keeps. */
+  std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>> state() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!pairs.defined()) return {std::nullopt, std::nullopt};
+    return {pairs, starts};
   }
 
   /* Whether get() has built the list. */

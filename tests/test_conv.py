@@ -6,6 +6,10 @@ the output sites), per-dtype accuracy, gradients (gradcheck in float64 on the CP
 against the dense reference's autograd on every device) and empty inputs.
 """
 
+import copy
+import io
+import pickle
+
 import pytest
 import torch
 
@@ -425,6 +429,35 @@ def test_pair_list_keeps_no_stand_in():
         assert not real.built
     check_pairs(nb, *real.get())
     assert real.built
+
+
+def _torch_save_load(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_pair_list_copies_with_its_map(built, device):
+    """A SparseTensor whose map holds a PairList (a CUDA training call leaves one) deepcopies,
+    pickles and torch.saves: the copy's list is its own, built where the original's was, and
+    equal to the pure-torch reference of the map's pairs."""
+    from test_pairs import check_pairs
+    from torchsp.kmap import conv_geometry, get_kernel_map
+    from torchsp.plan import pair_list
+    x, _ = build(BY_NAME["sub_k3"], cin=4, device=device, dtype=torch.float32, seed=91)
+    km = get_kernel_map(x, conv_geometry(3), traced=False)[0]
+    holder = pair_list(km, "fwd")
+    if built:
+        holder.get()
+    for copy_fn in (copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o)), _torch_save_load):
+        x2 = copy_fn(x)
+        km2 = get_kernel_map(x2, conv_geometry(3), traced=False)[0]
+        assert km2 is not km and torch.equal(km2.nbmap, km.nbmap)
+        h2 = km2.plans[("pairs", "fwd")]
+        assert h2 is not holder and h2.built == built and h2.nbmap.device == km.nbmap.device
+        check_pairs(km2.nbmap, *h2.get())
 
 
 def test_geometry_memo_keeps_argument_checks():

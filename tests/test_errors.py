@@ -337,6 +337,11 @@ def test_eager_entry_argument_types():
         torchsp._C.PairList("nbmap")
     with pytest.raises(RuntimeError, match="nbmap.*int32"):
         torchsp._C.PairList(nb.long()).get()
+    blank = torchsp._C.PairList.__new__(torchsp._C.PairList)
+    with pytest.raises(ValueError, match="pickled state"):
+        blank.__setstate__((nb,))
+    with pytest.raises(RuntimeError, match="pairs and starts come together"):
+        blank.__setstate__((nb, nb[0], None))
 
 
 @pytest.mark.parametrize("route", ["eager", "op"])
