@@ -20,6 +20,7 @@ Two routes to the same kernels:
 import torch
 
 from . import _C
+from ._tracing import capturing
 from .plan import pass_plan, wgrad_pair_list
 
 below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)  # None on a torch without it
@@ -77,6 +78,10 @@ def eager_conv(feats, weight, kmap, algos, order, segs, geom):
     order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype) if feats.requires_grad else (None, [])
     pairs = (wgrad_pair_list(kmap, wgrad, feats.dtype, feats.shape[1], weight.shape[2]) if weight.requires_grad
              else None)
+    if pairs is not None and not pairs.built and capturing(feats):
+        # Building the list reads its length back (a host sync) in the backward, which a CUDA
+        # graph capture cannot hold: the captured wgrad builds its own pairs on the stream instead.
+        pairs = None
     return _C.conv_train(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, segs, order_t, segs_t,
                          pairs)
 

@@ -19,3 +19,26 @@ _is_compiling = (_compiler.is_compiling if _compiler is not None and hasattr(_co
 def tracing():
     """True under torch.jit.trace / torch.jit.script or torch.compile (dynamo, export)."""
     return _is_tracing() or _is_scripting() or bool(_is_compiling())
+
+
+_is_capturing = torch.cuda.is_current_stream_capturing
+
+
+def capturing(t):
+    """True while the current CUDA stream is being captured into a CUDA graph and `t` (a tensor
+    the call works on) is on CUDA, outside tracers (dynamo cannot trace the question, and traced
+    code caches nothing).  Asked only where something would be built and cached (a kernel map, a
+    row plan, a tuner measurement), never on a cached call's path."""
+    return t.is_cuda and not tracing() and _is_capturing()
+
+
+def refuse_under_capture(t, what):
+    """Raise RuntimeError naming `what` when capturing(t): whatever torchsp builds lazily and
+    caches would, under capture, be recorded into the graph without running (eager calls would
+    then read it unfilled), or would synchronise with the host, which breaks the capture."""
+    if capturing(t):
+        raise RuntimeError(
+            f"torchsp: {what} would be built while a CUDA graph is being captured: its kernels only run "
+            "at replay and some need a host synchronisation. Run the same calls once eagerly on these "
+            "coordinates before capturing (a forward, and a backward for a training step), so the kernel "
+            "maps, row plans and pair lists exist.")

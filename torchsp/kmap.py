@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from ._tracing import tracing
+from ._tracing import capturing, refuse_under_capture, tracing
 from .geometry import default_padding, triple, volume
 
 # Map search: 0 = z-delta (sorted keys), 1 = open-addressing hash; None = per device:
@@ -68,6 +68,7 @@ class KernelMap:
     @property
     def order(self):
         if self._order is _UNSORTED:
+            refuse_under_capture(self.nbmap, "the row plan of a kernel map")
             self._order = tile_order(self.nbmap)
         self._order = self._counted(0, self._order, self.nbmap)
         return self._order
@@ -75,6 +76,7 @@ class KernelMap:
     @property
     def order_t(self):
         if self._order_t is _UNSORTED:
+            refuse_under_capture(self.nbmap_t, "the dgrad row plan of a kernel map")
             self._order_t = tile_order(self.nbmap_t)
         self._order_t = self._counted(1, self._order_t, self.nbmap_t)
         return self._order_t
@@ -82,8 +84,13 @@ class KernelMap:
     def _counted(self, i, plan, nbmap):
         """Count a read of order (i = 0) or order_t (1); on the REFINE_AFTER-th, a step plan is
         rebuilt on its refined row order (refined_plan).  Traced reads are not counted, nor
-        reads past the REFINE_AFTER-th (every conv call reads: they return at the first test)."""
+        reads past the REFINE_AFTER-th (every conv call reads: they return at the first test).
+        A read while a CUDA graph is captured pins the plan: the graph reads it at every replay,
+        and a refined plan would leave it to the allocator."""
         if REFINE_AFTER is None or self._reads[i] >= REFINE_AFTER or tracing():
+            return plan
+        if capturing(nbmap):
+            self._reads[i] = REFINE_AFTER
             return plan
         self._reads[i] += 1
         return refined_plan(nbmap, plan) if self._reads[i] == REFINE_AFTER else plan
@@ -254,6 +261,7 @@ def _cached_out_coords(cache, key, coords, geom, step, sign, lattice, floor_rule
     downsamples (or generates from) the same tensor the same way reuses one set."""
     out = cache.out_coords.get(key)
     if out is None:
+        refuse_under_capture(coords, "the output coordinates of a strided or generative conv")
         out = torch.ops.torchsp.out_coords(coords, geom.kernel_size, geom.dilation, geom.padding, step, sign,
                                            lattice, floor_rule)
         cache.out_coords[key] = out
@@ -338,6 +346,7 @@ def get_kernel_map(input, kernel_size, stride=1, dilation=1, padding=None, trans
         if reverse is not None:
             kmap = reverse.swapped()
         else:
+            refuse_under_capture(input.coords, "a kernel map")
             kmap = build_kernel_map(input.coords, out, geom.kernel_size, geom.dilation, geom.padding, step, sign)
         cache.kmaps[key] = kmap
     if memo is not None:

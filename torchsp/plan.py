@@ -54,7 +54,7 @@ tensor-core kernels, which take every plan as fp16 and bf16 do.
 import torch
 
 from . import _C, _build_info
-from ._tracing import tracing
+from ._tracing import refuse_under_capture, tracing
 from .geometry import offset_l1
 from .kmap import mask_order
 
@@ -236,5 +236,6 @@ def pass_plan(kmap, which, algo, geom, dtype=None):
            algo[3] if algo[0] in (2, 5) else 0)
     hit = kmap.plans.get(key)
     if hit is None:
+        refuse_under_capture(nb, f"the {which} plan of dataflow {algo[0]}")
         hit = kmap.plans[key] = _build(kmap, which, algo, geom.kernel_size, geom.dilation, geom.padding)
     return hit

@@ -48,7 +48,7 @@ import time
 
 import torch
 
-from ._tracing import tracing
+from ._tracing import capturing, tracing
 from .geometry import offset_l1
 from .plan import TF32_TILE, pass_plan, segmented, takes_segments, wgmma_available, wgrad_pairs
 
@@ -544,8 +544,8 @@ def choose_algo(input, kmap, geom, weight, force=False, traced=None):
     hit = _choices().get(key)
     if hit is not None:
         return [hit["fwd"], hit["dgrad"], hit["wgrad"]]
-    if mode != "auto" or kmap.nbmap.shape[0] == 0:
-        return None
+    if mode != "auto" or kmap.nbmap.shape[0] == 0 or capturing(feats):
+        return None  # nothing to measure; under CUDA graph capture no timing runs: the defaults
     t0 = time.perf_counter()
     if _state["verbose"]:
         doing = "measuring" if _is_rank0() else "taking rank 0's measurement of"
