@@ -34,24 +34,17 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import torchsp  # noqa: E402
+from kernel_times import device_us  # noqa: E402
 from scan_data import load_scan  # noqa: E402
 from torchsp.models import MinkUNet, SparseResNet21D  # noqa: E402
 
 
 def gpu_ms(fn, calls=3):
-    """GPU time per call of fn (kernels, copies and memsets summed over `calls` calls), ms."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    total = 0.0
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    return total / calls / 1e3
+    """GPU time per call of fn: its kernels, copies and memsets summed (kernel_times.device_us), ms."""
+    return sum(device_us(fn, calls).values()) / 1e3
 
 
 def wall_ms(fn, calls):

@@ -36,13 +36,10 @@ def host_us(fn, calls):
     return dt / calls * 1e6
 
 
-def profile_call(fn, calls):
-    """({kernel name: mean device us per call}, event us per call median, host us per call) over
-    `calls` calls.  The events are timed first: after a profiler session every launch may carry
-    its tracing."""
+def device_us(fn, calls):
+    """{kernel (or copy, memset) name: mean device us per call} of `calls` calls of fn
+    (torch.profiler, CUDA activity only)."""
     from torch.profiler import ProfilerActivity, profile
-    event_us = bench.timeit(fn, 50, 5, torch.device("cuda"))
-    host = min(host_us(fn, calls) for _ in range(3))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
@@ -51,7 +48,15 @@ def profile_call(fn, calls):
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             per[e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    return {k: v / calls for k, v in per.items()}, event_us, host
+    return {k: v / calls for k, v in per.items()}
+
+
+def profile_call(fn, calls):
+    """(device_us(fn, calls), event us per call median, host us per call) over `calls` calls.
+    The events are timed first: after a profiler session every launch may carry its tracing."""
+    event_us = bench.timeit(fn, 50, 5, torch.device("cuda"))
+    host = min(host_us(fn, calls) for _ in range(3))
+    return device_us(fn, calls), event_us, host
 
 
 def short(name, width=70):
