@@ -81,7 +81,8 @@ class BuildWithC11(BuildExtension):
 def _extension():
     with_cuda = _want_cuda()
     _write_build_info(with_cuda)
-    sources = _rel([os.path.join(ROOT, "csrc", n) for n in ("ops.cpp", "eager.cpp", "autograd.cpp", "shim_cpu.cpp")])
+    sources = _rel([os.path.join(ROOT, "csrc", n) for n in ("ops.cpp", "eager.cpp", "autograd.cpp", "shim_cpu.cpp",
+                                                                 "batch_norm.cpp")])
     cxx = ["-O3", "-std=c++17", "-fopenmp"]
     kwargs = dict(
         name="torchsp._C",

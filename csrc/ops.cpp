@@ -34,4 +34,11 @@ TORCH_LIBRARY(torchsp, m) {
   m.def("conv_wgrad(Tensor x, Tensor dy, Tensor nbmap, int[] algo, Tensor? pairs=None, "
         "Tensor? pair_starts=None) -> Tensor",
         tags);
+  // Batch norm for traced training graphs (batch_norm.cpp, torchsp/nn/_batch_norm.py).
+  m.def("batch_norm_train(Tensor x, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, "
+        "float momentum, float eps) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+        tags);
+  m.def("batch_norm_train_backward(Tensor grad, Tensor x, Tensor? weight, Tensor mean, Tensor invstd, float eps, "
+        "bool[3] mask) -> (Tensor, Tensor, Tensor)",
+        tags);
 }

@@ -1,9 +1,11 @@
-"""torch.compile(fullgraph=True) over a submanifold -> strided -> transposed chain, and
-TorchScript export (trace; script where it works) loaded in a fresh Python process.
+"""torch.compile(fullgraph=True) over a submanifold -> strided -> transposed chain and over the
+bundled models (training step and eval), torch.export of the models, and TorchScript export
+(trace; script where it works) loaded in a fresh Python process.
 
-Kept to one compile test per device and one export test: CI has 2 cores.
+Kept to a few compiles per device: CI has 2 cores.
 """
 
+import copy
 import os
 import subprocess
 import sys
@@ -15,6 +17,8 @@ import torch
 import reference as ref
 import torchsp
 from conftest import dynamic_output_shapes, random_coords, randn, rel_err
+from test_models import real_crop
+from torchsp.models import MinkUNet, SparseResNet21D
 
 class Chain(torch.nn.Module):
     """(feats, coords) -> feats through submanifold, strided, submanifold and transposed layers."""
@@ -96,6 +100,107 @@ def test_compile_fullgraph_backward(device):
     for eager, comp in zip(*grads):
         assert rel_err(comp, eager) <= tol
     torch._dynamo.reset()
+
+
+class OnFeats(torch.nn.Module):
+    """(feats, coords) -> feats of a model taking a SparseTensor."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, feats, coords):
+        y = self.model(torchsp.SparseTensor(feats, coords))
+        return y.feats if isinstance(y, torchsp.SparseTensor) else y
+
+
+MODELS = {"minkunet": lambda: MinkUNet(4, 5, cr=0.25), "resnet21d": lambda: SparseResNet21D(4)}
+
+
+def _model_inputs(name, half_width, device, dtype):
+    """A crop of the real scan (voxel indices >= 0 for SparseResNet21D, as spconv's grid has)."""
+    feats, coords = real_crop(0.3 if name == "minkunet" else 0.2, half_width)
+    if name == "resnet21d":
+        coords = coords - torch.cat([torch.zeros(1, dtype=torch.int32), coords[:, 1:].amin(0)])
+    return feats.to(device, dtype), coords.to(device)
+
+
+def _randomise_norms(model, seed):
+    """Non-trivial BatchNorm affine parameters and running statistics (fresh ones are 1 and 0)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                c = m.num_features
+                for t, lo, hi in ((m.weight, 0.5, 1.5), (m.bias, -0.3, 0.3), (m.running_mean, -0.2, 0.2),
+                                  (m.running_var, 0.5, 2.0)):
+                    t.copy_(torch.empty(c).uniform_(lo, hi, generator=g))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_compile_fullgraph_models(device, name):
+    """torch.compile(fullgraph=True) over a bundled model on real-scan crops equals eager: a
+    training step (output, input and weight gradients, BatchNorm running statistics and batch
+    counts), then an eval forward on a crop of another size.  Their norms follow strided convs, whose
+    row counts are data-dependent: before torchsp.nn._batch_norm, tracing F.batch_norm failed
+    ("Could not guard on data-dependent expression").  CPU traces with aot_eager (dynamo and AOT
+    autograd, where that failed; inductor's C++ build would take minutes on 2 cores), CUDA compiles
+    with inductor (where training norms run as torchsp::batch_norm_train)."""
+    import torch._dynamo
+
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    tol = 1e-10 if dtype == torch.float64 else 2e-3
+    torch.manual_seed(3)
+    model = OnFeats(MODELS[name]()).to(device=device, dtype=dtype)
+    _randomise_norms(model, 4)
+    twin = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(twin, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
+    feats, coords = _model_inputs(name, 8.0, device, dtype)
+    results = []
+    for m, fn in ((model, model), (twin, compiled)):
+        m.train()
+        f = feats.clone().requires_grad_()
+        with dynamic_output_shapes():
+            out = fn(f, coords)
+        out.square().mean().backward()
+        results.append((out.detach(), f.grad, [p.grad for p in m.parameters()], list(m.buffers())))
+    (out, fgrad, grads, bufs), (out_c, fgrad_c, grads_c, bufs_c) = results
+    assert out.shape[0] > 100 and rel_err(out_c, out) <= tol, "training forward"
+    assert rel_err(fgrad_c, fgrad) <= tol, "input gradient"
+    scale = max(float(g.abs().max()) for g in grads)
+    for (pname, _), g, gc in zip(model.named_parameters(), grads, grads_c):
+        # a conv bias before a norm has a zero gradient, rounding noise in both: measured on the
+        # model's gradient scale, not its own
+        assert gc is not None and float((gc - g).abs().max()) <= tol * max(float(g.abs().max()), 1e-3 * scale), pname
+    for (bname, _), b, bc in zip(model.named_buffers(), bufs, bufs_c):
+        assert (bc == b).all() if not b.is_floating_point() else rel_err(bc, b) <= tol, bname
+    feats2, coords2 = _model_inputs(name, 6.0, device, dtype)
+    assert coords2.shape[0] != coords.shape[0]
+    model.eval()
+    twin.eval()
+    with torch.no_grad(), dynamic_output_shapes():
+        want, got = model(feats2, coords2), compiled(feats2, coords2)
+    assert got.shape == want.shape and rel_err(got, want) <= tol, "eval forward on another size"
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_export_models(name):
+    """torch.export.export (non-strict, N dynamic) of a bundled model in eval mode: the exported
+    program equals eager on a real-scan crop of another size (failed, as the compile above did, on
+    the norms after strided convs)."""
+    torch.manual_seed(5)
+    model = OnFeats(MODELS[name]()).double().eval()
+    _randomise_norms(model, 6)
+    feats, coords = _model_inputs(name, 8.0, "cpu", torch.float64)
+    feats2, coords2 = _model_inputs(name, 6.0, "cpu", torch.float64)
+    n = torch.export.Dim("n", min=2)
+    ep = torch.export.export(model, (feats, coords), dynamic_shapes=({0: n}, {0: n}), strict=False)
+    with torch.no_grad():
+        want = model(feats2, coords2)
+    got = ep.module()(feats2, coords2)
+    assert got.shape == want.shape and rel_err(got, want) <= 1e-10
 
 
 LOADER = textwrap.dedent("""

@@ -368,3 +368,22 @@ def test_double_backward_fails_clearly(route, wrt, device):
     op = "conv_dgrad" if wrt == "feats" else "conv_wgrad"
     with pytest.raises(RuntimeError, match=rf"torchsp.{op}: a gradient of a sparse convolution's gradient"):
         g1.float().sum().backward()
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda x, w, r: (x[None], w, w, r, r.clone()), "x must be \\[N, C\\]"),
+    (lambda x, w, r: (x.int(), None, None, None, None), "x must be floating point"),
+    (lambda x, w, r: (x, w[:3], w, r, r.clone()), "weight must be \\[5\\]"),
+    (lambda x, w, r: (x, w, w[:3], r, r.clone()), "bias must be \\[5\\]"),
+    (lambda x, w, r: (x, w, w, r[:3], r.clone()), "running_mean must be \\[5\\]"),
+    (lambda x, w, r: (x, w, w, r, None), "running_mean and running_var must both be given"),
+], ids=["x_3d", "x_int", "weight", "bias", "running_mean", "stats_half"])
+def test_batch_norm_train_rejects_bad_arguments(bad, match, device):
+    """torchsp::batch_norm_train (the compiled BatchNorm's training op) names the bad argument."""
+    x = randn(20, 5, device=device)
+    w, r = torch.ones(5, dtype=x.dtype, device=device), torch.zeros(5, dtype=x.dtype, device=device)
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.torchsp.batch_norm_train(*bad(x, w, r), 0.1, 1e-5)
+    g = randn(20, 5, device=device)
+    with pytest.raises(RuntimeError, match="grad must be"):
+        torch.ops.torchsp.batch_norm_train_backward(g[:3], x, w, r, r + 1, 1e-5, [True, True, True])

@@ -6,6 +6,8 @@ output coordinates. Coordinates are kept inside the grid with a margin so no
 output is clipped by the dense op's borders.
 """
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,6 +72,75 @@ def test_sync_batchnorm_conversion_keeps_sparse_inputs():
     assert isinstance(converted[0].bn, nn.SyncBatchNorm)
     assert isinstance(converted[1], nn.SyncBatchNorm)
     torch.testing.assert_close(converted(x).feats, expected)  # not distributed: plain batch norm
+
+
+BN_CONFIGS = {"default": {}, "momentum_none": {"momentum": None}, "no_affine": {"affine": False},
+              "no_running_stats": {"track_running_stats": False}}
+
+
+@pytest.mark.parametrize("config", sorted(BN_CONFIGS))
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_batch_norm_traced_matches_batchnorm1d(device, config, train):
+    """torchsp.nn._batch_norm.batch_norm_traced (the path of BatchNorm under torch.compile / export),
+    called eagerly, against nn.BatchNorm1d on copies: outputs, input / weight / bias gradients,
+    running statistics and batch counts over three steps of fresh data (mean 1.5, scale 3), in
+    float64 (CPU) or float16 (CUDA, the statistics and torchsp::batch_norm_train's saved mean in
+    float32); then an empty input, which keeps the statistics and gives zero weight gradients."""
+    from torchsp.nn._batch_norm import batch_norm_traced
+
+    dtype = torch.float64 if device == "cpu" else torch.float16
+    tol = 1e-12 if device == "cpu" else 2e-3
+    torch.manual_seed(7)
+    bn = nn.BatchNorm1d(6, **BN_CONFIGS[config]).to(device)
+    if bn.affine:
+        with torch.no_grad():
+            bn.weight.uniform_(0.5, 2.0), bn.bias.normal_()
+    bn = bn.to(dtype).train(train)
+    twin = copy.deepcopy(bn)
+    for step in range(3):
+        x = (randn(300, 6, seed=step, dtype=dtype, device=device) * 3 + 1.5).requires_grad_()
+        x2 = x.detach().clone().requires_grad_()
+        y, y2 = bn(x), batch_norm_traced(twin, x2)
+        g = randn(300, 6, seed=10 + step, dtype=dtype, device=device)
+        y.backward(g), y2.backward(g)
+        assert y2.dtype == dtype and rel_err(y2, y) <= tol, "output"
+        assert rel_err(x2.grad, x.grad) <= tol, "input gradient"
+        for a, b in zip(twin.parameters(), bn.parameters()):
+            assert rel_err(a.grad, b.grad) <= tol, "weight / bias gradient"
+        for (name, a), b in zip(twin.named_buffers(), bn.buffers()):
+            assert (a == b).all() if not a.is_floating_point() else rel_err(a, b) <= tol, name
+    if train:
+        before = [b.clone() for b in twin.buffers()]
+        twin.zero_grad()
+        e = torch.empty(0, 6, dtype=dtype, device=device, requires_grad=True)
+        y = batch_norm_traced(twin, e)
+        y.sum().backward()
+        assert y.shape == (0, 6) and e.grad.shape == (0, 6)
+        for a, b in zip(twin.buffers(), before):
+            assert torch.equal(a, b + 1) if not a.is_floating_point() else torch.equal(a, b)
+        for p in twin.parameters():
+            assert torch.equal(p.grad, torch.zeros_like(p))
+        with pytest.raises(RuntimeError, match="more than 1 value per channel"):
+            batch_norm_traced(twin, randn(1, 6, dtype=dtype, device=device))
+
+
+def test_batch_norm_train_opcheck(device):
+    """torch.library.opcheck on torchsp::batch_norm_train (with and without running statistics and
+    affine parameters, with gradients) and torchsp::batch_norm_train_backward (csrc/batch_norm.cpp,
+    fake kernels in torchsp/_fake.py)."""
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    x = randn(40, 5, seed=1, dtype=dtype, device=device) + 0.5
+    w, b = torch.rand(5, dtype=dtype, device=device) + 0.5, randn(5, seed=2, dtype=dtype, device=device)
+    rm, rv = torch.zeros(5, dtype=dtype, device=device), torch.ones(5, dtype=dtype, device=device)
+    ops = torch.ops.torchsp
+    torch.library.opcheck(ops.batch_norm_train.default, (x, w, b, rm, rv, 0.1, 1e-5))
+    torch.library.opcheck(ops.batch_norm_train.default, (x, None, None, None, None, 0.1, 1e-5))
+    grad_args = (x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_(), rm, rv, 0.1, 1e-5)
+    torch.library.opcheck(ops.batch_norm_train.default, grad_args)
+    _, mean, invstd, _, _ = ops.batch_norm_train(x, w, b, rm, rv, 0.1, 1e-5)
+    g = randn(40, 5, seed=3, dtype=dtype, device=device)
+    torch.library.opcheck(ops.batch_norm_train_backward.default, (g, x, w, mean, invstd, 1e-5, [True, True, True]))
+    torch.library.opcheck(ops.batch_norm_train_backward.default, (g, x, None, mean, invstd, 1e-5, [True, False, False]))
 
 
 def test_groupnorm_per_batch_item():

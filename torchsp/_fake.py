@@ -66,3 +66,24 @@ def _conv_dgrad(dy, weight, nbmap_t, algo, order_t=None, segs_t=()):
 @torch.library.register_fake("torchsp::conv_wgrad")
 def _conv_wgrad(x, dy, nbmap, algo, pairs=None, pair_starts=None):
     return x.new_empty((nbmap.shape[1], x.shape[1], dy.shape[1]))
+
+
+def _stat_dtype(x):
+    """csrc/batch_norm.cpp's dtype of the saved mean and invstd: float32 for fp16 / bf16 on CUDA,
+    else x's."""
+    if x.device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    return x.dtype
+
+
+@torch.library.register_fake("torchsp::batch_norm_train")
+def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps):
+    c, dt = x.shape[1], _stat_dtype(x)
+    stats = [torch.empty_like(t) if t is not None else x.new_empty((0,)) for t in (running_mean, running_var)]
+    return (torch.empty_like(x), x.new_empty((c,), dtype=dt), x.new_empty((c,), dtype=dt), *stats)
+
+
+@torch.library.register_fake("torchsp::batch_norm_train_backward")
+def _batch_norm_train_backward(grad, x, weight, mean, invstd, eps, mask):
+    c = x.shape[1]
+    return tuple(x.new_empty(s if m else (0,)) for s, m in zip(((x.shape[0], c), (c,), (c,)), mask))

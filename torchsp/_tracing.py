@@ -21,6 +21,11 @@ def tracing():
     return _is_tracing() or _is_scripting() or bool(_is_compiling())
 
 
+def compiling():
+    """True under torch.compile or torch.export (dynamo), not under the TorchScript tracers."""
+    return bool(_is_compiling())
+
+
 _is_capturing = torch.cuda.is_current_stream_capturing
 
 

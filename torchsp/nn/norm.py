@@ -12,11 +12,16 @@ active sites (TorchSparse's spnn.GroupNorm semantics, computed here without a
 Python loop over batch items). A plain nn.GroupNorm applied to feats [N, C]
 would instead normalise each voxel's channels on their own; that is what you
 get by putting an nn.GroupNorm in torchsp.nn.Sequential.
+
+Under torch.compile and torch.export, BatchNorm goes through
+torchsp.nn._batch_norm (why: there).
 """
 
 import torch
 from torch import nn
 
+from .._tracing import compiling
+from ._batch_norm import batch_norm_traced
 from ._util import NUM_BATCH_SLOTS, check_sparse
 
 
@@ -38,6 +43,8 @@ class BatchNorm(nn.Module):
 
     def forward(self, input):
         check_sparse(input, "torchsp.nn.BatchNorm")
+        if type(self.bn) is nn.BatchNorm1d and compiling():  # SyncBatchNorm keeps its own path
+            return input.replace(batch_norm_traced(self.bn, input.feats))
         return input.replace(self.bn(input.feats))
 
 
