@@ -43,7 +43,9 @@ class BatchNorm(nn.Module):
 
     def forward(self, input):
         check_sparse(input, "torchsp.nn.BatchNorm")
-        if type(self.bn) is nn.BatchNorm1d and compiling():  # SyncBatchNorm keeps its own path
+        # Traced (dynamo, or any fake-tensor tracer on a symbolic row count, as non-strict export on
+        # a torch whose export does not say it is compiling); SyncBatchNorm keeps its own path.
+        if type(self.bn) is nn.BatchNorm1d and (compiling() or isinstance(input.feats.shape[0], torch.SymInt)):
             return input.replace(batch_norm_traced(self.bn, input.feats))
         return input.replace(self.bn(input.feats))
 
