@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import torchsp  # noqa: E402
-from bench_graphs import gpu_ms, rel  # noqa: E402
+from bench_graphs import gpu_ms, rel, write_json  # noqa: E402
 from scan_data import load_scan  # noqa: E402
 from torchsp.models import MinkUNet, SparseResNet21D  # noqa: E402
 
@@ -144,11 +144,7 @@ def main(argv=None):
             inputs.append((f.to(dtype), c))
         for step in args.steps.split(","):
             rows += run(name, make, inputs, step == "train", [m for m in args.modes.split(",") if m], args)
-    if args.json:
-        import json
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, args=vars(args), rows=rows),
-                      f, indent=1)
+    write_json(args.json, args, rows)
     return 0
 
 

@@ -75,6 +75,16 @@ def rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def write_json(path, args, rows):
+    """rows (dicts) with the GPU's name, torch's version and the arguments, as JSON at path (None:
+    nothing written)."""
+    if path:
+        import json
+        with open(path, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, args=vars(args), rows=rows),
+                      f, indent=1)
+
+
 def run(name, model, x, train, args):
     model.train(train)
     probe = next(p for p in model.parameters() if p.dim() == 3)  # a conv weight: its grad is compared
@@ -137,11 +147,7 @@ def main(argv=None):
         x = torchsp.SparseTensor(feats.to(dtype), c)  # one tensor: maps and plans cached on it
         for train in (False, True):
             rows.append(run(name, model, x, train, args))
-    if args.json:
-        import json
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, args=vars(args), rows=rows),
-                      f, indent=1)
+    write_json(args.json, args, rows)
     return 0
 
 
