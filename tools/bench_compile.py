@@ -38,9 +38,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import torchsp  # noqa: E402
-from bench_graphs import gpu_ms, rel, write_json  # noqa: E402
+from bench_graphs import MODELS, gpu_ms, model_coords, rel, write_json  # noqa: E402
 from scan_data import load_scan  # noqa: E402
-from torchsp.models import MinkUNet, SparseResNet21D  # noqa: E402
 
 
 class OnFeats(torch.nn.Module):
@@ -135,15 +134,9 @@ def main(argv=None):
           f"{'compile s':>9s} {'first ms':>11s} {'rel err':>9s}")
     rows = []
     for name in args.models.split(","):
-        make = {"minkunet": lambda: MinkUNet(4, 19, cr=1.0), "resnet21d": lambda: SparseResNet21D(4)}[name]
-        inputs = []
-        for f, c in scans:
-            if name == "resnet21d":  # voxel indices >= 0, as spconv's grid has
-                c = c.clone()
-                c[:, 1:] -= c[:, 1:].amin(0)
-            inputs.append((f.to(dtype), c))
+        inputs = [(f.to(dtype), model_coords(name, c)) for f, c in scans]
         for step in args.steps.split(","):
-            rows += run(name, make, inputs, step == "train", [m for m in args.modes.split(",") if m], args)
+            rows += run(name, MODELS[name], inputs, step == "train", [m for m in args.modes.split(",") if m], args)
     write_json(args.json, args, rows)
     return 0
 

@@ -75,6 +75,19 @@ def rel(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+MODELS = {"minkunet": lambda: MinkUNet(4, 19, cr=1.0), "resnet21d": lambda: SparseResNet21D(4)}
+
+
+def model_coords(name, coords):
+    """coords [N, 4] as model `name` takes them: SparseResNet21D wants voxel indices >= 0 (spconv's
+    grid), so x, y, z are shifted to start at 0; MinkUNet takes them as they are."""
+    if name != "resnet21d":
+        return coords
+    c = coords.clone()
+    c[:, 1:] -= c[:, 1:].amin(0)
+    return c
+
+
 def write_json(path, args, rows):
     """rows (dicts) with the GPU's name, torch's version and the arguments, as JSON at path (None:
     nothing written)."""
@@ -134,16 +147,12 @@ def main(argv=None):
         torchsp.tune.set_fixed([int(v) for v in args.algo.split(",")])
     dtype = getattr(torch, args.dtype)
     feats, coords, _ = load_scan(args.voxel_size, None, device="cuda")
-    index_coords = coords.clone()
-    index_coords[:, 1:] -= index_coords[:, 1:].amin(0)  # SparseResNet21D expects voxel indices >= 0
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {coords.shape[0]} voxels at "
           f"{args.voxel_size} m, {args.dtype}, algo {args.algo}; median of {args.rounds} rounds x {args.calls} calls")
     print(f"{'model':10s} {'mode':10s} {'eager ms':>9s} {'graph ms':>9s} {'speedup':>8s} {'GPU ms':>9s} {'rel err':>9s}")
     rows = []
     for name in args.models.split(","):
-        model, c = {"minkunet": (lambda: MinkUNet(4, 19, cr=1.0), coords),
-                    "resnet21d": (lambda: SparseResNet21D(4), index_coords)}[name]
-        model = model().cuda().to(dtype)
+        model, c = MODELS[name]().cuda().to(dtype), model_coords(name, coords)
         x = torchsp.SparseTensor(feats.to(dtype), c)  # one tensor: maps and plans cached on it
         for train in (False, True):
             rows.append(run(name, model, x, train, args))
