@@ -15,6 +15,7 @@ import torch
 
 import torchsp
 from cases import BY_NAME, CASE_IDS, CASES, build, expected_coords, reference
+from reference import dense_conv as ref_dense
 from conftest import CUDA, TORCH_VERSION, randn, rel_err
 
 F = torchsp.functional
@@ -141,7 +142,7 @@ def test_gradcheck(case):
     assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
-BACKWARD_CASES = [BY_NAME[n] for n in ("sub_k3", "sub_k2", "str_k3_s2", "str_k2_s2_t2", "gen_k3", "tr_k3_s2",
+BACKWARD_CASES = [BY_NAME[n] for n in ("sub_k3", "sub_k1", "sub_k2", "str_k3_s2", "str_k2_s2_t2", "gen_k3", "tr_k3_s2",
                                        "trgen_k3_s2")]
 
 
@@ -193,6 +194,56 @@ def test_empty_input(case, device):
     y.feats.sum().backward()
     assert feats.grad.shape == (0, 3)
     assert w.grad.shape == w.shape and not bool(w.grad.any())
+
+
+# ------------------------------------------------------------------ pointwise ---
+
+@pytest.mark.parametrize("device,dtype", BACKWARD_DTYPES[:3])
+def test_pointwise_conv_is_one_gemm_without_a_map(device, dtype):
+    """A 1x1x1 conv at stride 1 without padding (plain or transposed) builds no kernel map and
+    runs as one GEMM; output, bias and gradients match the dense float64 reference.  With
+    padding 1 the same kernel shifts its input and takes the map; on CUDA under
+    torch.use_deterministic_algorithms(True) the pointwise conv takes the map too (cuBLAS wants
+    CUBLAS_WORKSPACE_CONFIG there) and agrees."""
+    cin, cout = 5, 7
+    x, _ = build(BY_NAME["sub_k3_t2"], cin=cin, device=device, dtype=dtype, seed=21)
+    w = randn(1, cin, cout, seed=22, dtype=dtype, device=device, scale=cin ** -0.5)
+    b = randn(cout, seed=23, dtype=dtype, device=device)
+    g = randn(x.coords.shape[0], cout, seed=24, dtype=dtype, device=device)
+    tol = 1e-10 if dtype == torch.float64 else TOL[(device, dtype)] * 2
+    rf = x.feats.detach().cpu().double().requires_grad_()
+    rw, rb = (t.detach().cpu().double().requires_grad_() for t in (w, b))
+
+    def dense(padding):
+        for t in (rf, rw, rb):
+            t.grad = None
+        want = ref_dense(rf, x.coords.cpu(), 2, rw, (1, 1, 1), x.coords.cpu(), padding=padding, bias=rb)
+        want.backward(g.cpu().double())
+        return want.detach(), rf.grad, rw.grad, rb.grad
+
+    def check(kw, want, maps):
+        x.cache.kmaps.clear()
+        x.cache.calls.clear()
+        feats, wp, bp = (t.detach().clone().requires_grad_() for t in (x.feats, w, b))
+        y = F.sparse_conv3d(x.replace(feats), wp, 1, bias=bp, **kw)
+        assert len(x.cache.kmaps) == maps, f"{kw}: {len(x.cache.kmaps)} kernel maps built"
+        assert y.coords is x.coords and y.stride == x.stride and y.coord_key == x.coord_key
+        y.feats.backward(g)
+        for got, exp, name in zip((y.feats, feats.grad, wp.grad, bp.grad), want, ("y", "dx", "dw", "dbias")):
+            assert got.dtype == dtype and rel_err(got, exp) <= tol, f"{kw}: {name} rel err {rel_err(got, exp):.3g}"
+
+    plain = dense((0, 0, 0))
+    check({}, plain, 0)
+    check({"transposed": True}, plain, 0)
+    check({"algo": [1, 0, 0, 0]}, plain, 0)
+    check({"padding": 1}, dense((1, 1, 1)), 1)
+    if device == "cuda":
+        was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            check({}, plain, 1)
+        finally:
+            torch.use_deterministic_algorithms(was)
 
 
 # ------------------------------------------------------------------ transposed errors ---
@@ -492,12 +543,12 @@ def test_call_memo_many_geometries_on_one_input(device):
             assert torch.equal(y.coords.cpu(), want_coords), f"round {rnd}, {name}: output coordinates"
             want = reference(case, x.feats, x.coords, w, want_coords)
             assert rel_err(y.feats, want) <= TOL[(device, dtype)], f"round {rnd}, {name}"
-    assert len(x.cache.calls) == len(MEMO_CASES)
+    assert len(x.cache.calls) == len(MEMO_CASES) - 1  # sub_k1 is pointwise: one GEMM, no map
 
 
 def test_call_memo_keeps_argument_checks(device):
-    """After a kernel_size=1 call is memoised, kernel_size=True (== 1 in Python) is still an
-    error, and a changed weight shape still gets its message."""
+    """After a kernel_size=1 geometry is memoised (conv_geometry), kernel_size=True (== 1 in
+    Python) is still an error, and a changed weight shape still gets its message."""
     dtype = native_dtype(device)
     x, _ = build(BY_NAME["sub_k3"], cin=3, device=device, dtype=dtype, seed=33)
     w1 = randn(1, 3, 2, seed=34, dtype=dtype, device=device)

@@ -65,6 +65,13 @@ def _resolve_algo(algo, feats=None):
     return tuple(list(a) for a in algo)
 
 
+def _pointwise(feats, weight, bias):
+    """feats [N, Cin] @ weight[0] (+ bias): a 1x1x1 conv at stride 1 without padding.  weight
+    [1, Cin, Cout] is squeezed (a view, so its gradient is one too); bias [Cout] or None."""
+    w = weight.squeeze(0)
+    return torch.mm(feats, w) if bias is None else torch.addmm(bias, feats, w)
+
+
 def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None, dilation=1,
                   transposed=False, generative=False, rule="active", algo=None):
     """Sparse 3D convolution of a SparseTensor.
@@ -82,6 +89,9 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         generative: stride 1: output every site reached from an input; transposed: every finer site.
         rule: "active" (dense-equivalent active sites, default) or "floor" (MinkowskiEngine) for strided output.
         algo: None (default or tuned), [dataflow, tile, split, threshold], or (fwd, dgrad, wgrad) of those.
+            A 1x1x1 kernel at stride 1 without padding (and not generative) ignores it: its map
+            would be the identity, so it runs as one dense GEMM (torch.mm / addmm) with no kernel
+            map, except on CUDA under torch.use_deterministic_algorithms(True).
             The default is [0, 0, 0, 0], or for float32 CUDA features with
             torch.backends.cuda.matmul.allow_tf32 set [0, 11, 0, 0] (tf32 tensor cores); tile 11
             on float32 asks for tf32 in any pass, any other tile is exact fp32.
@@ -115,6 +125,15 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         raise ValueError(f"sparse_conv3d: weight is on {weight.device} but input is on {feats.device}")
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[2]):
         raise ValueError(f"sparse_conv3d: bias must be [{weight.shape[2]}], got {tuple(bias.shape)}")
+    if geom.pointwise and not (feats.is_cuda and torch.are_deterministic_algorithms_enabled()):
+        # The map would be the identity: no map, plan or tuning, one GEMM (its autograd gives
+        # dgrad and wgrad).  Under torch.use_deterministic_algorithms cuBLAS may refuse (it wants
+        # CUBLAS_WORKSPACE_CONFIG), so CUDA keeps the sparse path, whose sums are fixed.
+        y = _pointwise(feats, weight, bias)
+        if traced:
+            return SparseTensor(y, input.coords, input.stride, cache=input.cache, coord_key=input.coord_key,
+                                check=False)
+        return SparseTensor._derived(y, input.coords, input.stride, input.cache, input.coord_key)
     kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom, traced=traced)
     if algo is None:
         algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight,

@@ -221,6 +221,10 @@ class ConvGeometry:
         self.generative = bool(generative)
         self.rule = rule
         self.volume = volume(self.kernel_size)  # V, the weight's first dimension
+        # 1x1x1 at stride 1 without padding: every output row reads its own input row alone (the
+        # kernel map is the identity), so the conv is a dense GEMM (torchsp.functional).
+        self.pointwise = (self.volume == 1 and self.stride == (1, 1, 1) and self.padding == (0, 0, 0)
+                          and not self.generative)
         self._key = (self.kernel_size, self.stride, self.dilation, self.padding, self.transposed,
                      self.generative, self.rule)
 
