@@ -118,6 +118,11 @@ def test_get_kernel_map(case, device):
     want = ref.kernel_map(x.coords, want_out, k, d, p, step, sign)
     assert torch.equal(kmap.nbmap.cpu().long(), want)
     assert torch.equal(kmap.nbmap_t.cpu().long(), ref.transpose_map(want, x.coords.shape[0]))
+    # mirrored (the dgrad plan reuses the forward's rows): submanifold, odd sizes, centred padding
+    centred = all(a % 2 == 1 and b == (a - 1) // 2 * c for a, b, c in zip(k, p, d))
+    assert kmap.mirrored == (case.regime == "submanifold" and centred)
+    if kmap.mirrored:
+        assert torch.equal(kmap.nbmap_t, kmap.nbmap.flip(1))
     again = torchsp.kmap.get_kernel_map(x, **kw)
     assert again[0] is kmap and again[3] == key
 

@@ -53,13 +53,20 @@ class KernelMap:
             With sort_rows=True each is built on first read: order_t serves dgrad only, and
             a forward without gradients never reads it (sorting costs ~70 us of host time and
             ~40 us of GPU per map on the H100, 28 sorts in a MinkUNet forward).
+        mirrored: nbmap_t[p, k] == nbmap[p, V - 1 - k] (a submanifold map of a kernel with odd
+            sizes and centred padding: offset V - 1 - k is -delta_k).  Then order_t is the step
+            plan of nbmap_t on order's rows (mirror_plan): each tile's offsets are the mirror
+            images of its forward offsets, as many, and the dgrad pass sorts nothing.
         plans: dict filled by torchsp.plan (pair lists, segmented plans of each dataflow).
         stats, rows_bucket: set by torchsp.tune on first use (the map's part of a cache key).
     """
 
-    def __init__(self, nbmap, nbmap_t, order=None, order_t=None, sort_rows=False):
+    mirrored = False  # a map pickled before the attribute existed
+
+    def __init__(self, nbmap, nbmap_t, order=None, order_t=None, sort_rows=False, mirrored=False):
         self.nbmap = nbmap
         self.nbmap_t = nbmap_t
+        self.mirrored = mirrored
         self._order = _UNSORTED if sort_rows else order
         self._order_t = _UNSORTED if sort_rows else order_t
         self._reads = [0, 0]  # reads of order / order_t: REFINE_AFTER
@@ -77,7 +84,12 @@ class KernelMap:
     def order_t(self):
         if self._order_t is _UNSORTED:
             refuse_under_capture(self.nbmap_t, "the dgrad row plan of a kernel map")
-            self._order_t = tile_order(self.nbmap_t)
+            if self.mirrored:
+                if self._order is _UNSORTED:  # built here, not read: it counts no pass
+                    self._order = tile_order(self.nbmap)
+                self._order_t = mirror_plan(self.nbmap_t, self._order)
+            else:
+                self._order_t = tile_order(self.nbmap_t)
         self._order_t = self._counted(1, self._order_t, self.nbmap_t)
         return self._order_t
 
@@ -96,7 +108,7 @@ class KernelMap:
         return refined_plan(nbmap, plan) if self._reads[i] == REFINE_AFTER else plan
 
     def swapped(self):
-        out = KernelMap(self.nbmap_t, self.nbmap)
+        out = KernelMap(self.nbmap_t, self.nbmap, mirrored=self.mirrored)
         out._order, out._order_t = self._order_t, self._order
         out._reads = self._reads[::-1]
         return out
@@ -166,6 +178,23 @@ def tile_order(nbmap):
     if order is None or not nbmap.is_cuda:
         return order
     return torch.ops.torchsp.tile_steps(nbmap, order, REFINE_AFTER == 0)
+
+
+def mirror_plan(nbmap_t, plan):
+    """The step plan of a mirrored map's nbmap_t [N, V] (KernelMap.mirrored) on the rows of
+    `plan`, the forward's plan (its first N entries are its row order), without a sort: a row's
+    dgrad offsets are its forward offsets mirrored (k -> V - 1 - k), so every tile of the
+    forward's order uses as many offsets in dgrad.  None (V > 63) and CPU orders pass through."""
+    if plan is None or not nbmap_t.is_cuda:
+        return plan
+    return torch.ops.torchsp.tile_steps(nbmap_t, plan[:nbmap_t.shape[0]], REFINE_AFTER == 0)
+
+
+def is_mirrored(in_coords, out_coords, kernel_size, dilation, padding):
+    """Whether the map of a conv from in_coords to out_coords is mirrored (KernelMap.mirrored): the
+    same coordinates (one tensor), odd kernel sizes, padding (K - 1) / 2 * dilation per axis."""
+    return in_coords is out_coords and all(k % 2 == 1 and p == (k - 1) // 2 * d
+                                           for k, d, p in zip(kernel_size, dilation, padding))
 
 
 def refined_plan(nbmap, plan):
@@ -316,11 +345,14 @@ def build_kernel_map(in_coords, out_coords, kernel_size, dilation, padding, step
     nbmap = torch.ops.torchsp.kernel_map(in_coords, out_coords, list(kernel_size), list(dilation),
                                          list(padding), list(step), sign, method)
     nbmap_t = torch.ops.torchsp.kernel_map_transpose(nbmap, in_coords)
+    mirrored = is_mirrored(in_coords, out_coords, kernel_size, dilation, padding)
     if not nbmap.is_cuda:  # the CPU kernels walk rows in any order
-        return KernelMap(nbmap, nbmap_t)
+        return KernelMap(nbmap, nbmap_t, mirrored=mirrored)
     if tracing():  # traced code builds what it may read (no lazy state in a graph)
-        return KernelMap(nbmap, nbmap_t, tile_order(nbmap), tile_order(nbmap_t))
-    return KernelMap(nbmap, nbmap_t, sort_rows=True)
+        order = tile_order(nbmap)
+        return KernelMap(nbmap, nbmap_t, order, mirror_plan(nbmap_t, order) if mirrored else tile_order(nbmap_t),
+                         mirrored=mirrored)
+    return KernelMap(nbmap, nbmap_t, sort_rows=True, mirrored=mirrored)
 
 
 def get_kernel_map(input, kernel_size, stride=1, dilation=1, padding=None, transposed=False,
