@@ -19,6 +19,7 @@ TORCH_LIBRARY(torchsp, m) {
       "kernel_map(Tensor in_coords, Tensor out_coords, int[] kernel, int[] dilation, "
       "int[] padding, int[] step, int sign, int method) -> Tensor",
       tags);
+  m.def("coords_summary(Tensor coords, int[] stride) -> Tensor", tags);
   m.def("kernel_map_transpose(Tensor nbmap, Tensor in_coords) -> Tensor", tags);
   m.def("kernel_map_pairs(Tensor nbmap) -> (Tensor, Tensor)", tags);
   m.def("mask_order(Tensor nbmap, int offsets=-1, bool with_map=False) -> Tensor", tags);

@@ -43,6 +43,18 @@ at::Tensor out_coords_cpu(const at::Tensor &coords_in, c10::IntArrayRef kernel,
   return out;
 }
 
+at::Tensor coords_summary_cpu(const at::Tensor &coords_in, c10::IntArrayRef stride) {
+  const char *op = "torchsp.coords_summary";
+  check_coords(coords_in, op, "coords");
+  int32_t st[3];
+  fill3(st, stride, op, "stride", 1);
+  at::Tensor coords = coords_in.contiguous();
+  at::Tensor out = at::empty({TSP_SUMMARY_WORDS}, coords.options());
+  check_status(tsp_coords_summary_cpu(coords.data_ptr<int32_t>(), coords.size(0), st, out.data_ptr<int32_t>()),
+               op);
+  return out;
+}
+
 at::Tensor kernel_map_cpu(const at::Tensor &in_coords_, const at::Tensor &out_coords_,
                           c10::IntArrayRef kernel, c10::IntArrayRef dilation,
                           c10::IntArrayRef padding, c10::IntArrayRef step, int64_t sign,
@@ -222,6 +234,7 @@ TORCH_LIBRARY_IMPL(torchsp, CPU, m) {
   m.impl("mask_order", &mask_order_cpu);
   m.impl("tile_steps", &tile_steps_cpu);
   m.impl("out_coords", &out_coords_cpu);
+  m.impl("coords_summary", &coords_summary_cpu);
   m.impl("kernel_map", &kernel_map_cpu);
   m.impl("kernel_map_transpose", &kernel_map_transpose_cpu);
   m.impl("kernel_map_pairs", &kernel_map_pairs_cpu);

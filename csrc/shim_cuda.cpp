@@ -76,6 +76,22 @@ at::Tensor out_coords_cuda(const at::Tensor &coords_in, c10::IntArrayRef kernel,
   return out;
 }
 
+at::Tensor coords_summary_cuda(const at::Tensor &coords_in, c10::IntArrayRef stride) {
+  const char *op = "torchsp.coords_summary";
+  check_coords(coords_in, op, "coords");
+  int32_t st[3];
+  fill3(st, stride, op, "stride", 1);
+  c10::cuda::CUDAGuard guard(coords_in.device());
+  at::Tensor coords = coords_in.contiguous();
+  const size_t bytes = tsp_coords_summary_cuda_bytes(coords.size(0));
+  /* The summary, then the hash table: one allocation, one memset (torchsp.h). */
+  at::Tensor buffer = at::empty({static_cast<int64_t>((bytes + 3) / 4)}, coords.options());
+  check_status(tsp_coords_summary_cuda(coords.data_ptr<int32_t>(), coords.size(0), st, buffer.data_ptr(),
+                                       static_cast<size_t>(buffer.numel()) * 4, current_stream()),
+               op);
+  return buffer.narrow(0, 0, TSP_SUMMARY_WORDS);
+}
+
 at::Tensor kernel_map_cuda(const at::Tensor &in_coords_, const at::Tensor &out_coords_,
                            c10::IntArrayRef kernel, c10::IntArrayRef dilation,
                            c10::IntArrayRef padding, c10::IntArrayRef step, int64_t sign,
@@ -302,6 +318,7 @@ TORCH_LIBRARY_IMPL(torchsp, CUDA, m) {
   m.impl("mask_order", &mask_order_cuda);
   m.impl("tile_steps", &tile_steps_cuda);
   m.impl("out_coords", &out_coords_cuda);
+  m.impl("coords_summary", &coords_summary_cuda);
   m.impl("kernel_map", &kernel_map_cuda);
   m.impl("kernel_map_transpose", &kernel_map_transpose_cuda);
   m.impl("kernel_map_pairs", &kernel_map_pairs_cuda);

@@ -348,6 +348,21 @@ tsp_status tsp_kernel_map_pairs_cpu(const int32_t *map, int64_t n_rows, int64_t 
 tsp_status tsp_pack_keys_cpu(const int32_t *coords, int64_t n, int64_t *keys);
 void tsp_unpack_keys_cpu(const int64_t *keys, int64_t n, int32_t *coords);
 
+/*
+** SparseTensor's value checks in one pass (torchsp.tensor.check_coords_values):
+** summary[0..3] = max of (b, x, y, z) over the rows, summary[4..7] = max of
+** their bitwise complements (~min: ~ cannot overflow where negation can),
+** summary[8] = 1 when some row's x, y or z is not a multiple of stride[axis]
+** (else 0), summary[9] = 1 when two rows are equal (else 0).  n = 0 leaves
+** every word at TSP_SUMMARY_NONE (the int32 of bytes 0x80).  The duplicate
+** test packs keys (tsp_key.h) and skips unpackable rows, so it holds only when
+** the range is valid, which the caller checks first.
+*/
+enum { TSP_SUMMARY_WORDS = 10 };
+static const int32_t TSP_SUMMARY_NONE = (int32_t)0x80808080u;
+tsp_status tsp_coords_summary_cpu(const int32_t *coords, int64_t n, const int32_t stride[3],
+                                  int32_t summary[TSP_SUMMARY_WORDS]);
+
 /* Output coordinates.  keys_out has room for n_in * V keys (n_in with the floor
 ** rule); *n_out receives how many sorted unique keys were written. */
 tsp_status tsp_out_coords_cpu(const tsp_out_coords_params *params, const int32_t *in_coords,
@@ -387,6 +402,14 @@ tsp_status tsp_pack_keys_cuda(const int32_t *coords, int64_t n, int64_t *keys,
                               int32_t *status, tsp_cuda_stream stream);
 tsp_status tsp_unpack_keys_cuda(const int64_t *keys, int64_t n, int32_t *coords,
                                 tsp_cuda_stream stream);
+
+/* tsp_coords_summary_cpu on the GPU in one memset and one kernel: `buffer` is
+** device memory of tsp_coords_summary_cuda_bytes(n) bytes; its first
+** TSP_SUMMARY_WORDS int32 receive the summary, the rest holds the duplicate
+** test's hash table. */
+size_t tsp_coords_summary_cuda_bytes(int64_t n);
+tsp_status tsp_coords_summary_cuda(const int32_t *coords, int64_t n, const int32_t stride[3],
+                                   void *buffer, size_t buffer_bytes, tsp_cuda_stream stream);
 
 /* Sorted unique output keys into keys_out (room for n_in * V, or n_in with the
 ** floor rule), their count into *n_out_device, TSP_ERR_RANGE into *status. */

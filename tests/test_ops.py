@@ -57,6 +57,68 @@ def test_opcheck_kernel_map(method, sign, device):
     _opcheck(ops.kernel_map.default, (c, c[:7]) + ([2, 1, 3], [1, 1, 2], [0, 0, 2], [1, 1, 1], sign, method))
 
 
+def _summary_reference(c, stride):
+    """The ten words of coords_summary from PyTorch ops (torchsp.h)."""
+    c = c.cpu().long()
+    lattice = bool((c[:, 1:] % torch.tensor(stride) != 0).any())
+    ok = (c[:, 0] >= 0) & (c[:, 0] <= 511) & (c[:, 1:] >= -(1 << 17)).all(1) & (c[:, 1:] < (1 << 17)).all(1)
+    kept = c[ok]
+    dup = torch.unique(kept, dim=0).shape[0] < kept.shape[0]
+    return c.amax(0).tolist() + (~c).amax(0).tolist() + [int(lattice), int(dup)]
+
+
+@pytest.mark.parametrize("n", [1, 7, 3000, 60000])
+def test_coords_summary_op(n, device):
+    """coords_summary (SparseTensor's value checks in one op): box, lattice and duplicate words
+    against PyTorch ops, on unique rows, with one repeated row, at stride (2, 1, 4), with an
+    unpackable row (its duplicate is not looked for); opcheck on the op."""
+    g = torch.Generator().manual_seed(n)
+    c = torch.randint(-300, 300, (n, 4), generator=g, dtype=torch.int32)
+    c[:, 0] %= 3
+    c = torch.unique(c, dim=0)
+    c = c[torch.randperm(c.shape[0], generator=g)]
+    runs = [(c, [1, 1, 1]), (c, [2, 1, 4]), (c * torch.tensor([1, 2, 1, 4], dtype=torch.int32), [2, 1, 4])]
+    j = int(torch.randint(0, c.shape[0], (1,), generator=g))
+    runs.append((torch.cat([c[: j + 1], c[j:]]), [1, 1, 1]))  # row j twice, side by side
+    runs.append((torch.cat([c, c[j:j + 1]]), [1, 1, 1]))  # and far apart
+    far = torch.tensor([[0, 1 << 17, 0, 0]], dtype=torch.int32)
+    runs.append((torch.cat([c, far, far]), [1, 1, 1]))
+    for coords, stride in runs:
+        got = ops.coords_summary(coords.to(device), stride)
+        assert got.dtype == torch.int32 and got.shape == (10,)
+        assert got.tolist() == _summary_reference(coords, stride), (coords.shape, stride)
+    _opcheck(ops.coords_summary.default, (c.to(device), [2, 1, 4]))
+    assert ops.coords_summary(c[:0].to(device), [1, 1, 1]).tolist() == [-2139062144] * 10
+
+
+def test_coords_summary_rejects_bad_arguments(device):
+    c = random_coords(20, span=4, seed=1).to(device)
+    with pytest.raises(RuntimeError, match="coords must be int32"):
+        ops.coords_summary(c.long(), [1, 1, 1])
+    with pytest.raises(RuntimeError, match=r"coords must be \[N, 4\]"):
+        ops.coords_summary(c[:, 1:], [1, 1, 1])
+    with pytest.raises(RuntimeError, match="stride entries must be in"):
+        ops.coords_summary(c, [1, 0, 1])
+    with pytest.raises(RuntimeError, match="stride must have 3 entries"):
+        ops.coords_summary(c, [1, 1])
+
+
+@pytest.mark.parametrize("bad", ["duplicate", "stride", "range"])
+def test_sparse_tensor_value_errors(bad, device):
+    """SparseTensor's constructor raises for each bad coordinate set on every device (the checks
+    run through coords_summary there), naming the problem."""
+    c = random_coords(400, span=6, seed=2)
+    if bad == "duplicate":
+        c, stride, match = torch.cat([c, c[123:124]]), 1, "duplicate"
+    elif bad == "stride":
+        c, stride, match = c * 2, 2, "multiples"
+        c[57, 3] += 1
+    else:
+        c, stride, match = torch.cat([c, torch.tensor([[0, 0, -(1 << 17) - 1, 0]], dtype=torch.int32)]), 1, r"y must"
+    with pytest.raises(ValueError, match=match):
+        torchsp.SparseTensor(randn(c.shape[0], 2, device=device), c.to(device), stride)
+
+
 def test_opcheck_kernel_map_transpose(device):
     c, out, nbmap, _ = _maps(device)
     _opcheck(ops.kernel_map_transpose.default, (nbmap, c))

@@ -22,6 +22,11 @@ def _out_coords(coords, kernel, dilation, padding, step, sign, lattice, floor_ru
     return coords.new_empty((n, 4))
 
 
+@torch.library.register_fake("torchsp::coords_summary")
+def _coords_summary(coords, stride):
+    return coords.new_empty((10,))
+
+
 @torch.library.register_fake("torchsp::kernel_map")
 def _kernel_map(in_coords, out_coords, kernel, dilation, padding, step, sign, method):
     return out_coords.new_empty((out_coords.shape[0], _volume(kernel)))

@@ -12,7 +12,7 @@ cache have equal coordinates.
 import torch
 
 from ._tracing import tracing as _tracing
-from .geometry import BATCH_MAX, COORD_MAX, COORD_MIN, pack_keys, triple
+from .geometry import BATCH_MAX, COORD_MAX, COORD_MIN, triple
 
 
 class SparseCache:
@@ -37,11 +37,14 @@ class SparseCache:
 
 
 def check_coords_values(coords, stride):
-    """Raise ValueError for coordinates that are out of range, off the stride lattice, or duplicated."""
+    """Raise ValueError for coordinates that are out of range, off the stride lattice, or duplicated.
+
+    coords: int32 [N, 4], contiguous; stride: 3-tuple.  torch.ops.torchsp.coords_summary does
+    every test in one pass (CUDA: one memset, one kernel, one synchronisation here)."""
     if coords.shape[0] == 0:
         return
-    lo = coords.amin(dim=0).tolist()
-    hi = coords.amax(dim=0).tolist()
+    s = torch.ops.torchsp.coords_summary(coords, list(stride)).tolist()
+    hi, lo = s[0:4], [~v for v in s[4:8]]  # words 4..7 are the maxima of ~c
     if lo[0] < 0 or hi[0] > BATCH_MAX:
         raise ValueError(f"coords: batch index must be in [0, {BATCH_MAX}], got range [{lo[0]}, {hi[0]}]")
     for a, name in ((1, "x"), (2, "y"), (3, "z")):
@@ -49,12 +52,9 @@ def check_coords_values(coords, stride):
             raise ValueError(
                 f"coords: {name} must be in [{COORD_MIN}, {COORD_MAX}], got range [{lo[a]}, {hi[a]}]"
             )
-    if any(s > 1 for s in stride):
-        st = torch.tensor(stride, dtype=coords.dtype, device=coords.device)
-        if bool((torch.remainder(coords[:, 1:], st) != 0).any()):
-            raise ValueError(f"coords: coordinates of a tensor with stride {stride} must be multiples of it")
-    keys = torch.sort(pack_keys(coords)).values
-    if bool((keys[1:] == keys[:-1]).any()):
+    if s[8] > 0:
+        raise ValueError(f"coords: coordinates of a tensor with stride {stride} must be multiples of it")
+    if s[9] > 0:
         raise ValueError("coords: duplicate coordinates (each (batch, x, y, z) may appear once)")
 
 

@@ -128,6 +128,41 @@ void tsp_unpack_keys_cpu(const int64_t *keys, int64_t n, int32_t *coords) {
   for (int64_t i = 0; i < n; ++i) tsp_key_unpack(keys[i], coords + 4 * i);
 }
 
+tsp_status tsp_coords_summary_cpu(const int32_t *coords, int64_t n, const int32_t stride[3],
+                                  int32_t summary[TSP_SUMMARY_WORDS]) {
+  if (n < 0 || (n > 0 && coords == NULL) || stride[0] < 1 || stride[1] < 1 || stride[2] < 1)
+    return TSP_ERR_ARGUMENT;
+  for (int w = 0; w < TSP_SUMMARY_WORDS; ++w) summary[w] = TSP_SUMMARY_NONE;
+  if (n == 0) return TSP_OK;
+  int32_t m[8] = {INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN,
+                  INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN};
+  int off_lattice = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t *c = coords + 4 * i;
+    for (int a = 0; a < 4; ++a) {
+      if (c[a] > m[a]) m[a] = c[a];
+      if (~c[a] > m[4 + a]) m[4 + a] = ~c[a];
+    }
+    for (int a = 0; a < 3; ++a) off_lattice |= c[1 + a] % stride[a] != 0;
+  }
+  for (int w = 0; w < 8; ++w) summary[w] = m[w];
+  summary[8] = off_lattice;
+  /* Duplicates: sort the packable rows' keys, compare neighbours. */
+  int64_t *keys = malloc((size_t)n * sizeof(int64_t));
+  if (keys == NULL) return TSP_ERR_ALLOC;
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t *c = coords + 4 * i;
+    if (tsp_key_in_range(c[0], c[1], c[2], c[3])) keys[kept++] = tsp_key_pack(c[0], c[1], c[2], c[3]);
+  }
+  tsp_status st = tsp_cpu_radix_sort(keys, NULL, kept);
+  int duplicate = 0;
+  for (int64_t i = 1; st == TSP_OK && i < kept && !duplicate; ++i) duplicate = keys[i] == keys[i - 1];
+  free(keys);
+  summary[9] = duplicate;
+  return st;
+}
+
 /* 1 when q is a multiple of the lattice on every axis (floor mod: q may be negative). */
 static inline int on_lattice(const int64_t q[3], const int32_t lattice[3]) {
   for (int a = 0; a < 3; ++a) {

@@ -1,6 +1,7 @@
 /*
 ** coord_box.cuh: the bounding box of a coordinate set, computed on the device,
-** and the compact keys it allows.  Private to keys.cu and kmap.cu.
+** the compact keys it allows, and the slot hash of the key tables.  Private to
+** keys.cu and kmap.cu.
 **
 ** Why: a radix sort costs one pass per 8 key bits, and the absolute keys of
 ** tsp_key.h spend 63 bits on every coordinate.  A LiDAR scan spans ~2000
@@ -101,28 +102,27 @@ static __device__ __forceinline__ int4 tsp_load_coord(const int32_t *coords, int
   return make_int4(__ldg(c), __ldg(c + 1), __ldg(c + 2), __ldg(c + 3));
 }
 
-/*
-** Box of coords [n, 4]: per-thread maxima, a warp then a block reduction, and
-** 8 atomics per block.  Launch with TSP_BOX_THREADS threads and a grid of a
-** few blocks per SM (grid-stride), so the atomics stay in the hundreds.
-*/
-static __global__ void __launch_bounds__(TSP_BOX_THREADS)
-    tsp_coord_box_kernel(const int32_t *__restrict__ coords, int64_t n, bool aligned16,
-                         tsp_coord_box *box) {
-  int m[8];
+/* A thread's running box (max of c, then of ~c, per field), before its first row. */
+static __device__ __forceinline__ void tsp_box_start(int m[8]) {
   for (int a = 0; a < 8; ++a) m[a] = INT32_MIN;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const int4 c = tsp_load_coord(coords, i, aligned16);
-    m[0] = max(m[0], c.x);
-    m[1] = max(m[1], c.y);
-    m[2] = max(m[2], c.z);
-    m[3] = max(m[3], c.w);
-    m[4] = max(m[4], ~c.x);
-    m[5] = max(m[5], ~c.y);
-    m[6] = max(m[6], ~c.z);
-    m[7] = max(m[7], ~c.w);
-  }
+}
+
+static __device__ __forceinline__ void tsp_box_add(int m[8], int4 c) {
+  m[0] = max(m[0], c.x);
+  m[1] = max(m[1], c.y);
+  m[2] = max(m[2], c.z);
+  m[3] = max(m[3], c.w);
+  m[4] = max(m[4], ~c.x);
+  m[5] = max(m[5], ~c.y);
+  m[6] = max(m[6], ~c.z);
+  m[7] = max(m[7], ~c.w);
+}
+
+/*
+** The block's boxes into *box: a warp then a block reduction, and 8 atomics
+** per block.  Every thread of a TSP_BOX_THREADS block calls it once.
+*/
+static __device__ __forceinline__ void tsp_box_flush(int m[8], tsp_coord_box *box) {
   __shared__ int warp_max[TSP_BOX_THREADS / 32][8];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   /* Shuffles rather than __reduce_max_sync: the extension may be built for pre-sm_80 too. */
@@ -139,6 +139,32 @@ static __global__ void __launch_bounds__(TSP_BOX_THREADS)
     int *field = threadIdx.x < 4 ? &box->max_c[threadIdx.x] : &box->max_not_c[threadIdx.x - 4];
     atomicMax(field, v);
   }
+}
+
+/*
+** Box of coords [n, 4].  Launch with TSP_BOX_THREADS threads and a grid of a
+** few blocks per SM (grid-stride), so the atomics stay in the hundreds.
+*/
+static __global__ void __launch_bounds__(TSP_BOX_THREADS)
+    tsp_coord_box_kernel(const int32_t *__restrict__ coords, int64_t n, bool aligned16,
+                         tsp_coord_box *box) {
+  int m[8];
+  tsp_box_start(m);
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    tsp_box_add(m, tsp_load_coord(coords, i, aligned16));
+  tsp_box_flush(m, box);
+}
+
+/* Slot of a 64-bit key in an open-addressing table of mask + 1 slots: murmur3's
+** 64-bit finaliser (neighbouring keys differ in low bits, which it spreads). */
+static __device__ __forceinline__ uint64_t tsp_hash_slot(uint64_t key, uint64_t mask) {
+  key ^= key >> 33;
+  key *= 0xff51afd7ed558ccdULL;
+  key ^= key >> 33;
+  key *= 0xc4ceb9fe1a85ec53ULL;
+  key ^= key >> 33;
+  return key & mask;
 }
 
 /* Blocks for the box kernel: enough to fill the chip, few enough that the atomics are cheap. */

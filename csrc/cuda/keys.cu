@@ -20,6 +20,10 @@
 **     (tsp_key.h) in the last kernel, which also writes the count.
 ** A kept candidate that cannot be packed writes TSP_ERR_RANGE into *status;
 ** the shim reads status and count back together after its one synchronisation.
+**
+** Also here: SparseTensor's value checks (tsp_coords_summary_cuda): the box,
+** the lattice test and a duplicate test through a hash table, in one kernel,
+** so the constructor synchronises once instead of sorting with PyTorch ops.
 */
 #include <algorithm>
 #include <vector>
@@ -31,6 +35,84 @@
 #include "cuda_common.cuh"
 
 enum { KEYS_THREADS = 256 };
+
+/* ---------------------------------------------------- coordinate checks --- */
+
+/*
+** The summary words are the box (coord_box.cuh), then the two flags, all
+** int32 cleared by one memset of 0x80 bytes (TSP_SUMMARY_NONE).  The hash
+** table's keys follow, cleared by the same memset: 0x8080808080808080 has bit
+** 63 set, so no packed key (< 2^63) equals the empty slot.
+*/
+static const uint64_t SUMMARY_EMPTY = 0x8080808080808080ULL;
+
+typedef struct {
+  tsp_coord_box box;
+  int32_t off_lattice, duplicate;
+} coords_summary;
+
+static int64_t summary_slots(int64_t n) {
+  int64_t cap = 64;
+  while (cap < 2 * n) cap *= 2; /* load <= 1/2: short probes */
+  return cap;
+}
+
+size_t tsp_coords_summary_cuda_bytes(int64_t n) {
+  return n < 0 ? 0 : sizeof(coords_summary) + (size_t)summary_slots(n) * sizeof(uint64_t);
+}
+
+/* One thread per row: the box, the lattice test, and an insert of the row's key
+** that finds an equal key already there (CAS linear probing). */
+static __global__ void __launch_bounds__(TSP_BOX_THREADS)
+    coords_summary_kernel(const int32_t *__restrict__ coords, int64_t n, bool aligned16,
+                          int3 stride, coords_summary *out, uint64_t *table, uint64_t mask) {
+  int m[8];
+  tsp_box_start(m);
+  int off_lattice = 0, duplicate = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int4 c = tsp_load_coord(coords, i, aligned16);
+    tsp_box_add(m, c);
+    off_lattice |= c.y % stride.x != 0 || c.z % stride.y != 0 || c.w % stride.z != 0;
+    if (!tsp_key_in_range(c.x, c.y, c.z, c.w)) continue;
+    const uint64_t key = (uint64_t)tsp_key_pack(c.x, c.y, c.z, c.w);
+    for (uint64_t slot = tsp_hash_slot(key, mask);; slot = (slot + 1) & mask) {
+      const unsigned long long prev = atomicCAS((unsigned long long *)&table[slot],
+                                                (unsigned long long)SUMMARY_EMPTY,
+                                                (unsigned long long)key);
+      if (prev == SUMMARY_EMPTY) break;
+      if (prev == key) {
+        duplicate = 1;
+        break;
+      }
+    }
+  }
+  tsp_box_flush(m, &out->box);
+  off_lattice = __syncthreads_or(off_lattice);
+  duplicate = __syncthreads_or(duplicate);
+  if (threadIdx.x == 0) { /* 0 or 1 over the cleared word, as the CPU twin writes */
+    atomicMax(&out->off_lattice, off_lattice);
+    atomicMax(&out->duplicate, duplicate);
+  }
+}
+
+tsp_status tsp_coords_summary_cuda(const int32_t *coords, int64_t n, const int32_t stride[3],
+                                   void *buffer, size_t buffer_bytes, tsp_cuda_stream stream) {
+  const char *where = "tsp_coords_summary_cuda";
+  if (n < 0 || (n > 0 && coords == NULL) || buffer == NULL || stride[0] < 1 || stride[1] < 1 ||
+      stride[2] < 1 || buffer_bytes < tsp_coords_summary_cuda_bytes(n))
+    return TSP_ERR_ARGUMENT;
+  cudaStream_t s = (cudaStream_t)stream;
+  const size_t used = tsp_coords_summary_cuda_bytes(n);
+  tsp_status st = tsp_cuda_check(cudaMemsetAsync(buffer, 0x80, n > 0 ? used : sizeof(coords_summary), s), where);
+  if (st != TSP_OK || n == 0) return st;
+  coords_summary *out = (coords_summary *)buffer;
+  uint64_t *table = (uint64_t *)(out + 1);
+  coords_summary_kernel<<<tsp_box_blocks(n), TSP_BOX_THREADS, 0, s>>>(
+      coords, n, tsp_aligned16(coords), make_int3(stride[0], stride[1], stride[2]), out, table,
+      (uint64_t)summary_slots(n) - 1);
+  return tsp_cuda_check_launch(where);
+}
 
 /* ------------------------------------------------------------ pack keys --- */
 

@@ -135,20 +135,10 @@ static bool kernel_valid(const tsp_kernel *kern) {
 
 /* ------------------------------------- 64-bit table (z-delta fallback) --- */
 
-/* murmur3's 64-bit finaliser: neighbouring keys differ in low bits, which it spreads. */
-static __device__ __forceinline__ uint64_t hash_slot(uint64_t key, uint64_t mask) {
-  key ^= key >> 33;
-  key *= 0xff51afd7ed558ccdULL;
-  key ^= key >> 33;
-  key *= 0xc4ceb9fe1a85ec53ULL;
-  key ^= key >> 33;
-  return key & mask;
-}
-
 /* Inputs are unique (a SparseTensor invariant), so each key is inserted once. */
 static __device__ __forceinline__ void hash_insert(uint64_t *table_keys, int32_t *table_rows,
                                                    uint64_t mask, uint64_t key, int32_t row) {
-  uint64_t slot = hash_slot(key, mask);
+  uint64_t slot = tsp_hash_slot(key, mask);
   for (;;) {
     const unsigned long long prev = atomicCAS((unsigned long long *)&table_keys[slot],
                                               (unsigned long long)HASH_EMPTY,
@@ -164,7 +154,7 @@ static __device__ __forceinline__ void hash_insert(uint64_t *table_keys, int32_t
 static __device__ __forceinline__ int32_t hash_find(const uint64_t *__restrict__ table_keys,
                                                     const int32_t *__restrict__ table_rows,
                                                     uint64_t mask, uint64_t key) {
-  uint64_t slot = hash_slot(key, mask);
+  uint64_t slot = tsp_hash_slot(key, mask);
   for (;;) {
     const uint64_t k = table_keys[slot];
     if (k == key) return table_rows[slot];
