@@ -129,11 +129,7 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         # The map would be the identity: no map, plan or tuning, one GEMM (its autograd gives
         # dgrad and wgrad).  Under torch.use_deterministic_algorithms cuBLAS may refuse (it wants
         # CUBLAS_WORKSPACE_CONFIG), so CUDA keeps the sparse path, whose sums are fixed.
-        y = _pointwise(feats, weight, bias)
-        if traced:
-            return SparseTensor(y, input.coords, input.stride, cache=input.cache, coord_key=input.coord_key,
-                                check=False)
-        return SparseTensor._derived(y, input.coords, input.stride, input.cache, input.coord_key)
+        return _output(_pointwise(feats, weight, bias), input, input.coords, input.stride, input.coord_key, traced)
     kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom, traced=traced)
     if algo is None:
         algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight,
@@ -151,6 +147,12 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
                                        segs, segs_t)
     if bias is not None:
         y = y + bias
+    return _output(y, input, out_coords, out_stride, out_key, traced)
+
+
+def _output(y, input, coords, stride, coord_key, traced):
+    """The conv's output SparseTensor: feats y [N_out, Cout] on coords [N_out, 4], in input's cache.
+    Traced code takes the constructor (without value checks), eager code SparseTensor._derived."""
     if traced:
-        return SparseTensor(y, out_coords, out_stride, cache=input.cache, coord_key=out_key, check=False)
-    return SparseTensor._derived(y, out_coords, out_stride, input.cache, out_key)
+        return SparseTensor(y, coords, stride, cache=input.cache, coord_key=coord_key, check=False)
+    return SparseTensor._derived(y, coords, stride, input.cache, coord_key)

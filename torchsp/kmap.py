@@ -85,14 +85,18 @@ class KernelMap:
     def order_t(self):
         if self._order_t is _UNSORTED:
             refuse_under_capture(self.nbmap_t, "the dgrad row plan of a kernel map")
-            if self.mirrored:
-                if self._order is _UNSORTED:  # built here, not read: it counts no pass
-                    self._order = tile_order(self.nbmap)
-                self._order_t = mirror_plan(self.nbmap_t, self._order)
-            else:
-                self._order_t = tile_order(self.nbmap_t)
+            self._order_t = self._dgrad_plan()
         self._order_t = self._counted(1, self._order_t, self.nbmap_t)
         return self._order_t
+
+    def _dgrad_plan(self):
+        """order_t built (not read: it counts no pass): tile_order(nbmap_t), or on a mirrored map
+        mirror_plan on the forward's plan, which is built first if it is not yet."""
+        if not self.mirrored:
+            return tile_order(self.nbmap_t)
+        if self._order is _UNSORTED:
+            self._order = tile_order(self.nbmap)
+        return mirror_plan(self.nbmap_t, self._order)
 
     def _counted(self, i, plan, nbmap):
         """Count a read of order (i = 0) or order_t (1); on the REFINE_AFTER-th, a step plan is
@@ -349,11 +353,11 @@ def build_kernel_map(in_coords, out_coords, kernel_size, dilation, padding, step
     mirrored = is_mirrored(in_coords, out_coords, kernel_size, dilation, padding)
     if not nbmap.is_cuda:  # the CPU kernels walk rows in any order
         return KernelMap(nbmap, nbmap_t, mirrored=mirrored)
+    kmap = KernelMap(nbmap, nbmap_t, sort_rows=True, mirrored=mirrored)
     if tracing():  # traced code builds what it may read (no lazy state in a graph)
-        order = tile_order(nbmap)
-        return KernelMap(nbmap, nbmap_t, order, mirror_plan(nbmap_t, order) if mirrored else tile_order(nbmap_t),
-                         mirrored=mirrored)
-    return KernelMap(nbmap, nbmap_t, sort_rows=True, mirrored=mirrored)
+        kmap._order = tile_order(nbmap)
+        kmap._order_t = kmap._dgrad_plan()
+    return kmap
 
 
 def get_kernel_map(input, kernel_size, stride=1, dilation=1, padding=None, transposed=False,
