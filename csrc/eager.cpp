@@ -146,7 +146,7 @@ c10::intrusive_ptr<PairList> pair_list_setstate(const pybind11::tuple &state) {
 
 std::tuple<at::Tensor, at::Tensor> pair_list_get(PairList &self) {
   HANDLE_TH_ERRORS
-  pybind11::gil_scoped_release no_gil;  // the build synchronises with the device
+  pybind11::gil_scoped_release no_gil;  // the build launches kernels (and waits on the mutex)
   return self.get();
   END_HANDLE_TH_ERRORS_PYBIND
 }
@@ -170,8 +170,9 @@ PYBIND11_MODULE(_C, m) {
       .def(pybind11::init(&torchsp::pair_list_new), pybind11::arg("nbmap"))
       .def(pybind11::pickle(&torchsp::pair_list_getstate, &torchsp::pair_list_setstate))
       .def("get", &torchsp::pair_list_get,
-           "get() -> (pairs int32 [P], starts int64 [V + 1]): torch.ops.torchsp.kernel_map_pairs(nbmap), built "
-           "on the first call (one synchronisation) and returned as built after it")
+           "get() -> (pairs int32, starts int64 [V + 1]): torch.ops.torchsp.kernel_map_pairs(nbmap, bounded), "
+           "bounded on CUDA (pairs [N * V], the pairs then -1, no synchronisation), exact "
+           "on the CPU (pairs [P]); built on the first call and returned as built after it")
       .def_property_readonly("built", &torchsp::PairList::built, "whether get() has built the list")
       .def_property_readonly(
           "refs", [](torchsp::PairList &self) { return c10::raw::intrusive_ptr::use_count(&self); },

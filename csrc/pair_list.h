@@ -3,13 +3,26 @@
 ** the output rows that have it), built on first use and shared by every
 ** holder of the map.
 **
-** The CUDA wgrad over pair pieces walks nbmap's pair list.  Building it reads
-** its length back to the host (one synchronisation per map), so an eager
-** training call builds it in backward, not at forward: a forward in grad mode
-** that no backward follows (an evaluation loop without no_grad) never pays for
-** it.  torchsp.plan keeps one PairList per map and direction in the map's
-** plans; the training node (eager.cpp) keeps a reference to its map's, so a
-** list is built once however many layers and passes read it.
+** The CUDA wgrad over pair pieces walks nbmap's pair list.  An eager training
+** call builds it in backward, not at forward: a forward in grad mode that no
+** backward follows (an evaluation loop without no_grad) never pays for it.
+** torchsp.plan keeps one PairList per map and direction in the map's plans;
+** the training node (eager.cpp) keeps a reference to its map's, so a list is
+** built once however many layers and passes read it.
+**
+** On CUDA the list is built bounded (kernel_map_pairs(nbmap, bounded=True):
+** N * V entries, the pairs then -1), so its length never travels to the
+** host and a training call on a new submanifold map synchronises nowhere
+** (tests/test_conv.py checks it under torch's sync debug mode).  Before, the
+** first backward of each map read the length back: the host stalled until
+** the GPU drained, then the GPU idled while the host queued launches.  H100,
+** MinkUNet at 0.05 m, fp16, a training step on a new SparseTensor each call
+** (.peers/s44/pairsync.py, one process, alternating rounds): that read-back
+** 27.5 ms against 24.0 ms with no list passed (every wgrad building its own
+** on the stream) on a fast host; on a slow host (session 44, calls 3-4) the
+** bounded list against the old build was 40.2 against 40.8 ms, within noise.
+** The cost: up to N * V * 4 bytes per list, as much as nbmap, while the map
+** lives.
 */
 #pragma once
 
@@ -34,7 +47,8 @@ inline bool stand_in(const at::Tensor &t) {
 }
 
 /* One map direction's pair list.  nbmap: int32 [N, V], the map rows;
-** pairs (int32 [P]) and starts (int64 [V + 1]) are undefined until the first
+** pairs (int32 [P], or [N * V] on CUDA with the pairs first) and starts
+** (int64 [V + 1]) are undefined until the first
 ** get().  get() may run on autograd's device threads and on the caller's at
 ** once: a mutex orders the builds. */
 struct PairList : torch::CustomClassHolder {
@@ -49,12 +63,12 @@ struct PairList : torch::CustomClassHolder {
     }
   }
 
-  /* (pairs, starts) = kernel_map_pairs(nbmap), built on the first call; a
-  ** tracer's stand-ins are returned, never kept. */
+  /* (pairs, starts) = kernel_map_pairs(nbmap, bounded on CUDA), built on the
+  ** first call; a tracer's stand-ins are returned, never kept. */
   std::tuple<at::Tensor, at::Tensor> get() {
     std::lock_guard<std::mutex> lock(mu);
     if (pairs.defined()) return {pairs, starts};
-    auto built = kernel_map_pairs_op().call(nbmap);
+    auto built = kernel_map_pairs_op().call(nbmap, nbmap.is_cuda());
     if (!stand_in(std::get<0>(built))) std::tie(pairs, starts) = built;
     return built;
   }

@@ -211,8 +211,9 @@ at::Tensor tile_steps_cpu(const at::Tensor &nbmap_, const at::Tensor &order_, bo
   return steps;
 }
 
-/* (pairs [P] int32, starts [V + 1] int64): count, allocate P, fill (torchsp.h). */
-std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_) {
+/* (pairs int32, starts [V + 1] int64): count, allocate P (bounded: N * V of
+** -1), fill the first P (torchsp.h). */
+std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_, bool bounded) {
   const char *op = "torchsp.kernel_map_pairs";
   check_pairs_map(nbmap_, op);
   at::Tensor nbmap = nbmap_.contiguous();
@@ -222,8 +223,9 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_
   check_status(tsp_kernel_map_pair_counts_cpu(nbmap.data_ptr<int32_t>(), n, v,
                                               starts.data_ptr<int64_t>()),
                op);
-  at::Tensor pairs = at::empty({starts.data_ptr<int64_t>()[v]}, nbmap.options());
-  if (pairs.numel() > 0)
+  at::Tensor pairs = bounded ? at::full({n * v}, -1, nbmap.options())
+                             : at::empty({starts.data_ptr<int64_t>()[v]}, nbmap.options());
+  if (starts.data_ptr<int64_t>()[v] > 0)
     check_status(tsp_kernel_map_pairs_cpu(nbmap.data_ptr<int32_t>(), n, v,
                                           starts.data_ptr<int64_t>(), pairs.data_ptr<int32_t>()),
                  op);

@@ -1,10 +1,11 @@
 /*
 ** shim_cuda.cpp: TORCH_LIBRARY_IMPL(torchsp, CUDA): the same checks as the CPU
 ** shim, a device guard, workspace from PyTorch's caching allocator, and launch
-** on the current stream.  Only out_coords and kernel_map_pairs synchronise
-** (their output sizes are data-dependent and must be known to allocate); the
-** kernel map, its transpose, mask_order and the three convolution passes
-** never do, so a layer's launches can be captured in a CUDA graph.
+** on the current stream.  Only out_coords and kernel_map_pairs (unless
+** bounded) synchronise: their output sizes are data-dependent and must be
+** known to allocate.  The kernel map, its transpose, mask_order and the three
+** convolution passes never do, so a layer's launches can be captured in a
+** CUDA graph.
 */
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -284,10 +285,12 @@ at::Tensor tile_steps_cuda(const at::Tensor &nbmap_, const at::Tensor &order_, b
   return steps;
 }
 
-/* (pairs [P] int32, starts [V + 1] int64): count and scan, read P back (the one
-** synchronisation), allocate, fill; the workspace carries the scanned cell
-** bases from the first call to the second. */
-std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap_) {
+/* (pairs int32, starts [V + 1] int64): count and scan, then either read P back
+** (the one synchronisation), allocate [P] and fill, or (bounded) fill
+** [N * V] of -1, the most the map can hold, with no synchronisation: the fill
+** writes the first starts[V] entries, read on the device.  The workspace
+** carries the scanned cell bases from the first call to the second. */
+std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap_, bool bounded) {
   const char *op = "torchsp.kernel_map_pairs";
   check_pairs_map(nbmap_, op);
   c10::cuda::CUDAGuard guard(nbmap_.device());
@@ -303,8 +306,8 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap
                                                starts.data_ptr<int64_t>(), ws.data_ptr(),
                                                static_cast<size_t>(ws.numel()), current_stream()),
                op);
-  const int64_t p = starts[v].item<int64_t>();
-  at::Tensor pairs = at::empty({p}, nbmap.options());
+  const int64_t p = bounded ? n * v : starts[v].item<int64_t>();
+  at::Tensor pairs = bounded ? at::full({p}, -1, nbmap.options()) : at::empty({p}, nbmap.options());
   if (p > 0)
     check_status(tsp_kernel_map_pairs_cuda(nbmap.data_ptr<int32_t>(), n, v,
                                            starts.data_ptr<int64_t>(), pairs.data_ptr<int32_t>(),

@@ -401,7 +401,7 @@ def test_eager_train_pair_list_built_in_backward(device):
     assert not holder.built, "a forward in grad mode built the wgrad pair list"
     y.backward(g)
     assert holder.built
-    check_pairs(km.nbmap, *holder.get())
+    check_pairs(km.nbmap, *holder.get(), bounded=km.nbmap.is_cuda)
     pairs = holder.get()[0]
     y = F.sparse_conv3d(x, ws[1], 3, algo=[0, 0, 0, 0]).feats
     y.backward(g)
@@ -410,6 +410,40 @@ def test_eager_train_pair_list_built_in_backward(device):
         rw = w.detach().cpu().double().requires_grad_()
         reference(case, x.feats.cpu().double(), x.coords, rw, x.coords.cpu()).backward(g.cpu().double())
         assert rel_err(w.grad, rw.grad) <= 2 * TOL[(device, dtype)]
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA only: the host synchronisations of a GPU training call")
+def test_eager_training_call_does_not_synchronise():
+    """A CUDA training call on a fresh map (built beforehand without a synchronisation: a
+    submanifold map) runs its forward (dgrad plan included) and its backward (which builds the
+    map's wgrad pair list, bounded: csrc/pair_list.h) without one host synchronisation: torch's
+    sync debug mode raises on any.  Gradients against the fp64 dense reference; the list against
+    the pure-torch reference of the map's pairs."""
+    from test_pairs import check_pairs
+    from torchsp.kmap import conv_geometry, get_kernel_map
+    from torchsp.plan import wgrad_pair_list
+    case = BY_NAME["sub_k3"]
+    x, _ = build(case, cin=32, device="cuda", dtype=torch.float16, seed=65)
+    km = get_kernel_map(x, conv_geometry(3), traced=False)[0]
+    holder = wgrad_pair_list(km, [0, 0, 0, 0], torch.float16, 32, 32)
+    if holder is None:
+        pytest.skip("this build or device runs no pair-list wgrad")
+    f = x.feats.detach().clone().requires_grad_()
+    w = randn(27, 32, 32, seed=66, dtype=torch.float16, device="cuda", scale=(27 * 32) ** -0.5).requires_grad_()
+    g = randn(x.coords.shape[0], 32, seed=67, dtype=torch.float16, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        F.sparse_conv3d(x.replace(f), w, 3, algo=[0, 0, 0, 0]).feats.backward(g)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert holder.built
+    check_pairs(km.nbmap, *holder.get(), bounded=True)
+    rf = x.feats.detach().cpu().double().requires_grad_()
+    rw = w.detach().cpu().double().requires_grad_()
+    reference(case, rf, x.coords, rw, x.coords.cpu()).backward(g.cpu().double())
+    tol = 2 * TOL[("cuda", torch.float16)]
+    assert rel_err(f.grad, rf.grad) <= tol and rel_err(w.grad, rw.grad) <= tol
 
 
 @pytest.mark.parametrize("backward", ["eager", "compiled_autograd"])
@@ -447,7 +481,7 @@ def test_eager_train_node_holds_its_pair_list(backward, device):
     # the list alone (a cached graph may run it on real tensors); newer torch runs it as one
     # opaque op on the real tensors.  Whatever ran, the list kept is the real one.
     assert holder.built or (backward != "eager" and TORCH_VERSION < (2, 7))
-    check_pairs(km.nbmap, *holder.get())
+    check_pairs(km.nbmap, *holder.get(), bounded=km.nbmap.is_cuda)
     rf = x.feats.detach().cpu().double().requires_grad_()
     rw = w.detach().cpu().double().requires_grad_()
     reference(case, rf, x.coords, rw, x.coords.cpu()).backward(g.cpu().double())
@@ -508,7 +542,7 @@ def test_pair_list_copies_with_its_map(built, device):
         assert km2 is not km and torch.equal(km2.nbmap, km.nbmap)
         h2 = km2.plans[("pairs", "fwd")]
         assert h2 is not holder and h2.built == built and h2.nbmap.device == km.nbmap.device
-        check_pairs(km2.nbmap, *h2.get())
+        check_pairs(km2.nbmap, *h2.get(), bounded=km2.nbmap.is_cuda)
 
 
 def test_geometry_memo_keeps_argument_checks():

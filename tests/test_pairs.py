@@ -26,14 +26,18 @@ def ref_pairs(nbmap):
     return kq[:, 1], starts
 
 
-def check_pairs(nbmap, pairs, starts):
+def check_pairs(nbmap, pairs, starts, bounded=False):
+    """pairs and starts against ref_pairs; bounded: pairs is [N * V], its first P entries the
+    pairs and the rest -1 (kernel_map_pairs(nbmap, bounded=True))."""
     want_pairs, want_starts = ref_pairs(nbmap)
     assert pairs.dtype == torch.int32 and starts.dtype == torch.int64
     assert pairs.device == nbmap.device and starts.device == nbmap.device
     assert pairs.dim() == 1 and starts.shape == (nbmap.shape[1] + 1,)
-    assert pairs.shape[0] == want_pairs.shape[0], f"P = {pairs.shape[0]}, want {want_pairs.shape[0]}"
+    length = nbmap.shape[0] * nbmap.shape[1] if bounded else want_pairs.shape[0]
+    assert pairs.shape[0] == length, f"pairs has {pairs.shape[0]} entries, want {length}"
     assert torch.equal(starts.cpu(), want_starts)
-    assert torch.equal(pairs.cpu().long(), want_pairs)
+    assert torch.equal(pairs[:want_pairs.shape[0]].cpu().long(), want_pairs)
+    assert bool((pairs[want_pairs.shape[0]:] == -1).all())
 
 
 def random_map(n, v, seed, present=0.3, n_in=1000):
@@ -76,6 +80,35 @@ def test_pairs_empty(shape, device):
     assert not bool(starts.cpu().any())
 
 
+@pytest.mark.parametrize("n,v,present", [(1, 1, 0.3), (0, 27, 0.3), (5, 0, 0.3), (257, 27, 0.3),
+                                         (20000, 27, 0.5), (333, 27, 1.0), (333, 27, 0.0), (1000, 125, 0.3)])
+def test_pairs_bounded(n, v, present, device):
+    """bounded=True: pairs is [N * V] (the most a map holds, so nothing is read back): the
+    reference's pairs, then -1; run twice, equal (deterministic)."""
+    nbmap = random_map(n, v, seed=n + 3 * v, present=present).to(device)
+    pairs, starts = ops.kernel_map_pairs(nbmap, True)
+    check_pairs(nbmap, pairs, starts, bounded=True)
+    again = torchsp.kmap.map_pairs(nbmap, bounded=True)
+    assert torch.equal(again[0], pairs) and torch.equal(again[1], starts)
+
+
+def test_pairs_bounded_does_not_synchronise():
+    """On CUDA the exact op reads P back (torch's sync debug mode raises on it), the bounded op
+    does not."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA only")
+    nbmap = random_map(5000, 27, seed=5).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pairs, starts = ops.kernel_map_pairs(nbmap, True)
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            ops.kernel_map_pairs(nbmap)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    check_pairs(nbmap, pairs, starts, bounded=True)
+
+
 def test_pairs_noncontiguous(device):
     """A strided view of a map (a column slice) is made contiguous first."""
     base = random_map(600, 54, seed=3).to(device)
@@ -115,6 +148,8 @@ def test_pairs_opcheck(device):
     torch.library.opcheck(ops.kernel_map_pairs.default, (nbmap,))
     torch.library.opcheck(ops.kernel_map_pairs.default, (nbmap[:0],))
     torch.library.opcheck(ops.kernel_map_pairs.default, (random_map(200, 1, seed=1).to(device),))
+    torch.library.opcheck(ops.kernel_map_pairs.default, (nbmap, True))
+    torch.library.opcheck(ops.kernel_map_pairs.default, (nbmap[:0], True))
 
 
 def test_pairs_bad_input(device):

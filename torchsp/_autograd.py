@@ -69,8 +69,8 @@ def eager_conv(feats, weight, kmap, algos, order, segs, geom):
     Returns y [N_out, Cout], feats' dtype.  What backward needs is taken from the map here, once
     per map (cached on it): the dgrad plan when feats requires grad, the wgrad pair list
     (torchsp.plan.wgrad_pair_list) when weight does, unbuilt: the first backward that reads it
-    builds it (its length is read back, one synchronisation per map), so a forward in grad mode
-    that no backward follows pays only for the dgrad plan.  The sums are those of the registered
+    builds it (on CUDA bounded, with no synchronisation: csrc/pair_list.h), so a forward in grad
+    mode that no backward follows pays only for the dgrad plan.  The sums are those of the registered
     autograd.  Inference belongs under torch.no_grad() / torch.inference_mode(), which builds
     neither.
     """
@@ -79,8 +79,8 @@ def eager_conv(feats, weight, kmap, algos, order, segs, geom):
     pairs = (wgrad_pair_list(kmap, wgrad, feats.dtype, feats.shape[1], weight.shape[2]) if weight.requires_grad
              else None)
     if pairs is not None and not pairs.built and capturing(feats):
-        # Building the list reads its length back (a host sync) in the backward, which a CUDA
-        # graph capture cannot hold: the captured wgrad builds its own pairs on the stream instead.
+        # A list built inside a CUDA graph capture would only be recorded, not computed, yet the
+        # map would keep it for eager calls: the captured wgrad builds its own pairs instead.
         pairs = None
     return _C.conv_train(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, segs, order_t, segs_t,
                          pairs)

@@ -1,9 +1,9 @@
 """Fake (meta) kernels for every torchsp op: output shapes only, no data reads.
 
 torch.compile, torch.export and opcheck run these instead of the real kernels
-while tracing.  out_coords and kernel_map_pairs have a data-dependent length,
-declared with `ctx.new_dynamic_size()`; every other shape follows from the
-inputs.
+while tracing.  out_coords and kernel_map_pairs (unless bounded) have a
+data-dependent length, declared with `ctx.new_dynamic_size()`; every other
+shape follows from the inputs.
 """
 
 import torch
@@ -38,9 +38,8 @@ def _kernel_map_transpose(nbmap, in_coords):
 
 
 @torch.library.register_fake("torchsp::kernel_map_pairs")
-def _kernel_map_pairs(nbmap):
-    ctx = torch.library.get_ctx()
-    p = ctx.new_dynamic_size()
+def _kernel_map_pairs(nbmap, bounded=False):
+    p = nbmap.shape[0] * nbmap.shape[1] if bounded else torch.library.get_ctx().new_dynamic_size()
     return nbmap.new_empty((p,)), nbmap.new_empty((nbmap.shape[1] + 1,), dtype=torch.int64)
 
 

@@ -3,8 +3,8 @@
 out_coords(coords [N,4] int32, kernel, dilation, padding, step, sign, lattice, floor_rule) -> [M,4] int32
 kernel_map(in_coords [N_in,4], out_coords [N_out,4], kernel, dilation, padding, step, sign, method) -> [N_out,V] int32
 kernel_map_transpose(nbmap [N_out,V], in_coords [N_in,4]) -> [N_in,V] int32
-kernel_map_pairs(nbmap [N,V] int32) -> (pairs [P] int32, starts [V+1] int64), weight-stationary form
-         (torchsp.kmap.map_pairs)
+kernel_map_pairs(nbmap [N,V] int32, bounded=False) -> (pairs [P] int32, starts [V+1] int64), weight-stationary
+         form (torchsp.kmap.map_pairs); bounded: pairs [N*V], the pairs then -1, no synchronisation
 mask_order(nbmap [N,V] int32, offsets=-1) -> [N] int32 rows sorted by neighbour mask over the offsets
          set in the bit mask `offsets` (torchsp.kmap.mask_order)
 conv_fwd(x [N_in,Cin], weight [V,Cin,Cout], nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo,

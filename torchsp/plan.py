@@ -40,8 +40,8 @@ deterministic.  This module turns a pass's algorithm choice into a plan:
                      H100 it is slower (C = 128 fwd 149.8 us at d = 20 against 117.6 plain):
                      the second segment's tiles each pay a fixed cost (README).
 
-Plans are built once per KernelMap and pass (cached on it).  Building the pair
-lists (pair_list) reads their sizes back to the host (one synchronisation per map), so
+Plans are built once per KernelMap and pass (cached on it).  A segmented plan
+reads its pair list's offset counts on the host (one synchronisation per map), so
 while torch.compile or a tracer runs, a segmented choice runs as the plain
 pass (same results, another speed).
 The CPU kernels take no plans (they have their own dataflows), nor does exact
@@ -89,7 +89,7 @@ def takes_segments(dtype, algo):
 
 def pair_list(kmap, which):
     """torchsp._C.PairList of nbmap (which = "fwd") or nbmap_t ("dgrad"): the map's pair list
-    (torchsp.kmap.map_pairs), built on its first get() (one synchronisation: P is read back)
+    (torchsp.kmap.map_pairs; on CUDA bounded, with no synchronisation), built on its first get()
     and kept, one per map and direction (in kmap.plans, so a cleared cache rebuilds it).
     The training node (torchsp._autograd.eager_conv) takes it unbuilt: its first backward builds it."""
     hit = kmap.plans.get(("pairs", which))
@@ -99,11 +99,13 @@ def pair_list(kmap, which):
 
 
 def _pairs(kmap, which):
-    """(pairs int32 [P] on the map's device, starts list of V + 1 ints) of nbmap or nbmap_t."""
+    """(pairs int32 [P] on the map's device, starts list of V + 1 ints) of nbmap or nbmap_t:
+    the pair list cut to its length, read here (one synchronisation per map and direction)."""
     hit = kmap.plans.get(("starts", which))
     if hit is None:
         pairs, starts = pair_list(kmap, which).get()
-        hit = kmap.plans[("starts", which)] = (pairs, [int(v) for v in starts.tolist()])
+        starts = [int(v) for v in starts.tolist()]
+        hit = kmap.plans[("starts", which)] = (pairs[:starts[-1]], starts)
     return hit
 
 
