@@ -12,8 +12,8 @@
 **
 ** On CUDA the list is built bounded (kernel_map_pairs(nbmap, bounded=True):
 ** N * V entries, the pairs then -1), so its length never travels to the
-** host and a training call on a new submanifold map synchronises nowhere
-** (tests/test_conv.py checks it under torch's sync debug mode).  Before, the
+** host and a training call on a new submanifold map makes no synchronisation
+** that torch's sync debug mode catches (tests/test_conv.py).  Before, the
 ** first backward of each map read the length back: the host stalled until
 ** the GPU drained, then the GPU idled while the host queued launches.  H100,
 ** MinkUNet at 0.05 m, fp16, a training step on a new SparseTensor each call

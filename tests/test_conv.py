@@ -416,8 +416,9 @@ def test_eager_train_pair_list_built_in_backward(device):
 def test_eager_training_call_does_not_synchronise():
     """A CUDA training call on a fresh map (built beforehand without a synchronisation: a
     submanifold map) runs its forward (dgrad plan included) and its backward (which builds the
-    map's wgrad pair list, bounded: csrc/pair_list.h) without one host synchronisation: torch's
-    sync debug mode raises on any.  Gradients against the fp64 dense reference; the list against
+    map's wgrad pair list, bounded: csrc/pair_list.h) without a host synchronisation that torch's
+    sync debug mode raises on (a prototype that catches .item(), .cpu() and the like, not every
+    kind).  Gradients against the fp64 dense reference; the list against
     the pure-torch reference of the map's pairs."""
     from test_pairs import check_pairs
     from torchsp.kmap import conv_geometry, get_kernel_map
