@@ -74,6 +74,11 @@ def test_bench_tools_run_on_cpu():
                     "--autograd-single-thread")
     assert "torchsp auto" in out and "tuned fwd" in out and "# compact" in out
     assert "with .grad set to None before each call" in out and "backward on the calling thread" in out
+    out = _run_tool("bench.py", "--device", "cpu", "--dtype", "fp32", "--voxel-scale", "20", "--iters", "1",
+                    "--warmup", "0", "--peers", "none", "--layers", "subm3_c32", "down2_c64", "--algos", "0",
+                    "--budget", "0")
+    compact = out.split("# compact")[1]
+    assert "layers not run: down2_c64" in out and "subm3_c32" in compact and "down2_c64" not in compact
     out = _run_tool("bench_models.py", "--device", "cpu", "--dtype", "float32", "--voxel-size", "1.0",
                     "--repeats", "1", "--models", "resnet21d", "--fixed", "os-sorted")
     assert "search: end-to-end forward" in out and "ratio" in out
@@ -98,6 +103,18 @@ def test_peer_layer_row_orders():
     assert torch.equal(pl.forward(x), 2 * x)
     dy = torch.randn(n, 4, generator=g)
     assert torch.equal(pl.dy_peer(dy), dy[out_order])
+    # a peer whose output rows come in a new order each call (spconv's strided convs on the GPU):
+    # forward() takes its `ordered` check, which lines up each call's own rows
+    orders = iter([torch.randperm(n, generator=g) for _ in range(2)])
+
+    def shuffled(feats_peer):                      # -> (out feats, torchsp row of each out row)
+        ours = torch.empty_like(feats_peer)
+        ours[in_perm] = feats_peer
+        o = next(orders)
+        return (2 * ours)[o], o
+    pl = peers.PeerLayer(lambda f: shuffled(f)[0], None, perm, "", in_perm,
+                         ordered=lambda f: (lambda y, o: y[torch.argsort(o)])(*shuffled(f)))
+    assert torch.equal(pl.forward(x), 2 * x)
     with pytest.raises(peers.PeerUnavailable, match="takes no variant"):
         peers.build("flexgemm:1", {})
     with pytest.raises(peers.PeerUnavailable, match="unknown peer"):

@@ -207,6 +207,9 @@ def main():
                     help="fwd+bwd: run backward on the calling thread "
                          "(torch.autograd.set_multithreading_enabled(False)) instead of torch's "
                          "per-device worker thread; torchsp and every peer alike")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds: start no further layer once this much time has passed, so a run "
+                         "under a time limit still ends with its JSON and compact table")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG bar plot (matplotlib, imported lazily)")
     args = ap.parse_args()
@@ -257,7 +260,11 @@ def main():
         print(f"{rec['layer']:11s} {rec['impl']:18s} {f('fwd_us')} {f('fwd_op_us')} {f('dgrad_us')} {f('wgrad_us')} "
               f"{f('fwdbwd_us')}  {rec.get('err', ''):>9s} {rec.get('note', '')}", flush=True)
 
-    for name, kind, K, cin, cout, vs in layers:
+    started = time.perf_counter()
+    for i, (name, kind, K, cin, cout, vs) in enumerate(layers):
+        if i > 0 and args.budget is not None and time.perf_counter() - started > args.budget:
+            print(f"\n# budget: {args.budget:g} s passed, layers not run: {' '.join(l[0] for l in layers[i:])}")
+            break
         x, kw, w, km, sz, pdesc = make_layer(name, kind, K, cin, cout, vs, args, device, dtype)
         fl = {"fwd": floor_us(sz["F"], sz["B"]), "dgrad": floor_us(sz["F"], sz["B"]),
               "wgrad": floor_us(sz["F"], sz["B"]), "fwdbwd": floor_us(sz["F"], sz["B"], 3)}
