@@ -418,8 +418,8 @@ def test_eager_training_call_does_not_synchronise():
     submanifold map) runs its forward (dgrad plan included) and its backward (which builds the
     map's wgrad pair list, bounded: csrc/pair_list.h) without a host synchronisation that torch's
     sync debug mode raises on (a prototype that catches .item(), .cpu() and the like, not every
-    kind).  Gradients against the fp64 dense reference; the list against
-    the pure-torch reference of the map's pairs."""
+    kind).  Gradients against the fp64 dense reference; the list against the pure-torch
+    reference of the map's pairs."""
     from test_pairs import check_pairs
     from torchsp.kmap import conv_geometry, get_kernel_map
     from torchsp.plan import wgrad_pair_list

@@ -92,8 +92,9 @@ def test_cuda_graph_training_step(weights_warmed):
     for bit, and the float64 dense reference's.  weights_warmed=False: the warm-up step trained
     the input only (weights frozen), so the weights' wgrad pair list is still unbuilt at capture;
     the captured wgrad then builds its pairs on the stream (a kept list built under capture would
-    be recorded, not computed, and eager calls would read it).  The tuner picks the layers' dataflows in the first case (measured
-    in the warm-up); the second fixes them, so no measurement builds a pair list."""
+    be recorded, not computed, and eager calls would read it).  The tuner picks the layers'
+    dataflows in the first case (measured in the warm-up); the second fixes them, so no
+    measurement builds a pair list."""
     model, x, probe = _unet_case(41, None) if weights_warmed else _unet_case(43, [0, 0, 0, 0])
 
     def step():

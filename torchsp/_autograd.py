@@ -70,9 +70,9 @@ def eager_conv(feats, weight, kmap, algos, order, segs, geom):
     per map (cached on it): the dgrad plan when feats requires grad, the wgrad pair list
     (torchsp.plan.wgrad_pair_list) when weight does, unbuilt: the first backward that reads it
     builds it (on CUDA bounded, with no synchronisation: csrc/pair_list.h), so a forward in grad
-    mode that no backward follows pays only for the dgrad plan.  The sums are those of the registered
-    autograd.  Inference belongs under torch.no_grad() / torch.inference_mode(), which builds
-    neither.
+    mode that no backward follows pays only for the dgrad plan.  The sums are those of the
+    registered autograd.  Inference belongs under torch.no_grad() / torch.inference_mode(), which
+    builds neither.
     """
     fwd, dgrad, wgrad = algos
     order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype) if feats.requires_grad else (None, [])
