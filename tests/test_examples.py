@@ -121,6 +121,105 @@ def test_peer_layer_row_orders():
         peers.build("nope", {})
 
 
+class _FakeWcnVoxels:
+    """WarpConvNet's Voxels as tools/peers.py's adapter uses it, from its source (1.8.2): compact
+    coordinates [N, 3] with row ranges per batch in `offsets` (CPU), a tensor stride, features,
+    and a kernel-map cache that replace() hands on."""
+
+    def __init__(self, coords, feats, offsets, tensor_stride, _cache=None):
+        assert offsets.device.type == "cpu" and int(offsets[-1]) == coords.shape[0] == feats.shape[0]
+        self.coords, self.feature_tensor, self.offsets = coords, feats, offsets
+        self.tensor_stride, self._cache = tensor_stride, {} if _cache is None else _cache
+
+    @property
+    def batch_indexed_coordinates(self):
+        b = torch.repeat_interleave(torch.arange(len(self.offsets) - 1), self.offsets.diff())
+        return torch.cat([b[:, None].to(self.coords.dtype), self.coords], 1)
+
+    def replace(self, batched_features):
+        return _FakeWcnVoxels(self.coords, batched_features, self.offsets, self.tensor_stride, self._cache)
+
+
+class _FakeWcnConv(torch.nn.Module):
+    """WarpConvNet's SparseConv3d, read from its kernel-map search: offsets on an ij meshgrid (z
+    fastest), centred for odd K and from 0 for even K; an input row sits at out * stride + offset
+    (compact coordinates); transposed: the same map from the given finer output to the input,
+    swapped; weight [V, Cin, Cout].  Brute force, float64."""
+
+    def __init__(self, ci, co, k, stride=1, bias=False, transposed=False):
+        super().__init__()
+        self.k, self.stride, self.transposed = k, stride, transposed
+        self.weight = torch.nn.Parameter(torch.zeros(k ** 3, ci, co))
+
+    def forward(self, x, out=None):
+        c = (self.k - 1) // 2 if self.k % 2 else 0
+        r = range(self.k)
+        offs = [(i - c, j - c, l - c) for i in r for j in r for l in r]
+        y_vox = out if out is not None else x
+        if self.transposed:   # the map of a strided conv from y (fine) to x (coarse), swapped
+            fine, coarse = y_vox.batch_indexed_coordinates.tolist(), x.batch_indexed_coordinates.tolist()
+            where = {tuple(q): i for i, q in enumerate(fine)}
+            pairs = [(where.get((q[0], *(s * self.stride + o for s, o in zip(q[1:], off)))), i, k)
+                     for i, q in enumerate(coarse) for k, off in enumerate(offs)]
+        else:
+            src, dst = x.batch_indexed_coordinates.tolist(), y_vox.batch_indexed_coordinates.tolist()
+            where = {tuple(q): i for i, q in enumerate(src)}
+            pairs = [(i, where.get((q[0], *(s * self.stride + o for s, o in zip(q[1:], off)))), k)
+                     for i, q in enumerate(dst) for k, off in enumerate(offs)]
+        y = torch.zeros(y_vox.coords.shape[0], self.weight.shape[2], dtype=x.feature_tensor.dtype)
+        for o, i, k in pairs:
+            if o is not None and i is not None:
+                y[o] += x.feature_tensor[i] @ self.weight[k]
+        return _FakeWcnVoxels(y_vox.coords, y, y_vox.offsets, y_vox.tensor_stride)
+
+
+@pytest.mark.parametrize("layer", ["subm3", "down2", "down3", "up2", "subm3_two_batches"])
+def test_warpconvnet_adapter_geometry(layer, monkeypatch):
+    """tools/peers.py's WarpConvNet adapter turns torchsp's layer (coordinates, stride, weight)
+    into WarpConvNet's conventions and back: through a fake WarpConvNet written from its source,
+    its output in torchsp's row order matches torchsp's on a real scan (one batch) and on two
+    batches whose rows interleave (the adapter groups rows by batch, as WarpConvNet's offsets need).
+    The real library runs on the GPU only; the bench checks it there the same way."""
+    import types
+    import torchsp
+    from torchsp.kmap import get_kernel_map
+    peers = _load_tool("peers")
+    mods = {"warpconvnet": types.ModuleType("warpconvnet"),
+            "warpconvnet.geometry.types.voxels": types.SimpleNamespace(Voxels=_FakeWcnVoxels),
+            "warpconvnet.nn.modules.sparse_conv": types.SimpleNamespace(SparseConv3d=_FakeWcnConv)}
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    g = torch.Generator().manual_seed(5)
+    kind, K = ("subm", 3) if layer.startswith("subm") else (layer[:-1], int(layer[-1]))
+    if layer == "subm3_two_batches":
+        xyz = torch.randint(-6, 6, (300, 3), generator=g, dtype=torch.int32)
+        coords = torch.unique(torch.cat([torch.randint(0, 2, (300, 1), generator=g, dtype=torch.int32), xyz], 1), dim=0)
+        coords = coords[torch.randperm(coords.shape[0], generator=g)]   # batches interleaved
+    else:
+        _needs_scan()
+        bench = _load_tool("bench")
+        coords = bench.load_coords(bench.find_data(None), 1.6, torch.device("cpu"))
+    cin, cout = 3, 5
+    w = torch.randn(K ** 3, cin, cout, generator=g, dtype=torch.float64)
+    if kind == "up":
+        fine = torchsp.SparseTensor(torch.zeros(coords.shape[0], cout, dtype=torch.float64), coords)
+        _, coarse, cstride, ckey = get_kernel_map(fine, K, stride=2)
+        x = torchsp.SparseTensor(torch.randn(coarse.shape[0], cin, generator=g, dtype=torch.float64), coarse,
+                                 cstride, cache=fine.cache, coord_key=ckey, check=False)
+        kw, t_in = dict(stride=2, transposed=True), 2
+    else:
+        x = torchsp.SparseTensor(torch.randn(coords.shape[0], cin, generator=g, dtype=torch.float64), coords)
+        kw, t_in = dict(stride=1 if kind == "subm" else 2), 1
+    y = torchsp.functional.sparse_conv3d(x, w, K, **kw)
+    assert y.feats.abs().sum() > 0
+    L = dict(kind=kind, K=K, Cin=cin, Cout=cout, dtype=torch.float64, device=torch.device("cpu"),
+             coords_in=x.coords, coords_out=y.coords, t_in=t_in, weight=w)
+    pl, _ = peers.build("warpconvnet", L)
+    torch.testing.assert_close(pl.forward(x.feats), y.feats, rtol=1e-12, atol=1e-12)
+    dy = torch.randn(y.feats.shape, generator=g, dtype=torch.float64)
+    assert torch.equal(pl.dy_peer(dy)[pl.perm], dy)
+
+
 def test_mask_waste_counts_tiles():
     """tools/mask_waste.py: tile products against a direct count, and the CLI on the scan."""
     mw = _load_tool("mask_waste")

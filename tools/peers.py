@@ -22,7 +22,10 @@ Peers (none is vendored; see .peers/BUILD_peers.sh, untracked, for how they are 
                z-fastest for even; compact coordinates (divided by the tensor stride); "torchsparse:M"
                runs its conv mode M (0 unsorted, 1 mask-sorted, 2 sorted with 3 mask splits), the
                choices its own group tuner picks from.
-  warpconvnet  WarpConvNet: import is probed and reported; no adapter yet.
+  warpconvnet  WarpConvNet (CUDA ext with CUTLASS; no wheel, built from its public sdist, see
+               .peers/wcn/HOW.txt, untracked):
+               warpconvnet.nn.SparseConv3d with its 'auto' algorithm choice, weight [V, Cin, Cout],
+               z-fastest offsets, compact coordinates, rows grouped by batch.
 
 Layer description (dict) given by bench.py:
   kind 'subm' | 'down' | 'up'; K; Cin; Cout; dtype; device;
@@ -409,12 +412,71 @@ def _torchsparse(L, variant=None):
     return PeerLayer(call, fwd_bwd, perm, f"mode {mode}, training={training}", in_perm), weight
 
 
+def _wcn_voxels(Voxels, bcoords, feats, t):
+    """WarpConvNet Voxels from batch-indexed compact coordinates [N, 4] (rows grouped by batch, as its
+    `offsets` require) and features, at tensor stride t."""
+    b = bcoords[:, 0].long()
+    counts = torch.bincount(b, minlength=int(b.max()) + 1 if b.numel() else 1)
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).cpu()
+    return Voxels(bcoords[:, 1:].contiguous(), feats, offsets=offsets, tensor_stride=(t, t, t))
+
+
+def _wcn_batch_order(c):
+    """Row order that groups rows by batch index, keeping their order within a batch."""
+    return torch.sort(c[:, 0].long(), stable=True).indices
+
+
 def _warpconvnet(L):
+    """WarpConvNet (warpconvnet.nn.SparseConv3d, its default algorithm choice 'auto': it benchmarks
+    its candidate GEMMs for fwd, dgrad and wgrad on the first calls and caches the winners).  Its
+    geometry, read from its kernel-map search: compact (per-tensor-stride) integer coordinates;
+    offsets on a meshgrid with z fastest, centred for odd kernels and starting at 0 for even ones;
+    an input at out * stride + offset; weight [V, Cin, Cout] -- torchsp's offsets and layout once
+    the coordinates are divided by the tensor stride.  Its Voxels need rows grouped by batch
+    (`offsets`), so the input rows are put in that order (in_perm).  The kernel map is built on the
+    first call and found again in the input's cache, which Voxels.replace hands on, as its models
+    reuse it; strided and transposed layers are given torchsp's output coordinates.  Checked on an
+    H100 (session 45, WarpConvNet 1.8.2): rel err 0 to 5e-4 against torchsp at subm C = 32 to 256
+    and down2 C = 64; tests/test_examples.py checks the conversions on the CPU through a fake."""
     try:
-        importlib.import_module("warpconvnet")
+        from warpconvnet.geometry.types.voxels import Voxels
+        from warpconvnet.nn.modules.sparse_conv import SparseConv3d
     except Exception as e:  # noqa: BLE001
         raise PeerUnavailable(f"warpconvnet: {type(e).__name__}: {e}")
-    raise PeerUnavailable("warpconvnet: importable, but tools/peers.py has no adapter yet")
+    K, Ci, Co, dev, dt = L["K"], L["Cin"], L["Cout"], L["device"], L["dtype"]
+    kind, t_in = L["kind"], L["t_in"]
+    _, sh = _shift(L["coords_out"] if kind == "up" else L["coords_in"])
+    t_out = t_in * 2 if kind == "down" else (t_in // 2 if kind == "up" else t_in)
+
+    def compact(c, t):
+        out = c.clone()
+        out[:, 1:] = torch.div(out[:, 1:] + sh, t, rounding_mode="floor")
+        return out.to(torch.int32)
+
+    cin = compact(L["coords_in"], t_in)
+    in_perm = _wcn_batch_order(cin)
+    cin = cin[in_perm]
+    cout = compact(L["coords_out"], t_out)
+    cout = cout[_wcn_batch_order(cout)]
+    conv = SparseConv3d(Ci, Co, K, stride=1 if kind == "subm" else 2, bias=False,
+                        transposed=kind == "up").to(dev, dt)
+    if tuple(conv.weight.shape) != tuple(L["weight"].shape):
+        raise PeerMismatch(f"warpconvnet: weight {tuple(conv.weight.shape)}, torchsp {tuple(L['weight'].shape)}")
+    conv.weight.data.copy_(L["weight"])
+    x0 = _wcn_voxels(Voxels, cin, torch.zeros(cin.shape[0], Ci, device=dev, dtype=dt), t_in)
+    y_given = None if kind == "subm" else _wcn_voxels(
+        Voxels, cout, torch.zeros(cout.shape[0], Co, device=dev, dtype=dt), t_out)
+    with torch.no_grad():
+        y0 = conv(x0, y_given)                       # builds the kernel map into x0's cache
+    out_b = y0.batch_indexed_coordinates
+    perm = row_perm(compact(L["coords_out"], t_out), out_b)
+
+    def call(feats):                                 # feats in in_perm's order
+        return conv(x0.replace(batched_features=feats), y_given).feature_tensor
+
+    def fwd_bwd(feats, _w, dy_peer):
+        call(feats).backward(dy_peer)
+    return PeerLayer(call, fwd_bwd, perm, "algo auto (its autotuner)", in_perm), conv.weight
 
 
 ADAPTERS = {"spconv": _spconv, "flexgemm": _flexgemm, "torchsparse": _torchsparse, "warpconvnet": _warpconvnet}
