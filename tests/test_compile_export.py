@@ -140,6 +140,26 @@ def _randomise_norms(model, seed):
 _NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+def test_compiled_norm_rejects_one_row_after_strided_conv():
+    """A compiled training norm after a strided conv (a data-dependent row count) raises, as
+    nn.BatchNorm1d does, when the conv leaves one row: the check is a runtime assertion in the graph
+    (torch._check).  Its message callable made dynamo fail on torch 2.4.1, so it has none."""
+    import torch._dynamo
+
+    torch.manual_seed(2)
+    model = torchsp.nn.Sequential(torchsp.nn.SparseConv3d(3, 4, 2, stride=2), torchsp.nn.BatchNorm(4)).double()
+    fn = torch.compile(lambda x: model(x).feats, fullgraph=True, backend="aot_eager")
+    torch._dynamo.reset()
+    coords = random_coords(60, 8, seed=4)
+    with dynamic_output_shapes():
+        y = fn(torchsp.SparseTensor(randn(coords.shape[0], 3, seed=5, dtype=torch.float64), coords))
+        assert y.shape[0] > 1
+        one = coords[:1].clone()
+        with pytest.raises(RuntimeError):
+            fn(torchsp.SparseTensor(randn(1, 3, seed=6, dtype=torch.float64), one))
+    torch._dynamo.reset()
+
+
 # MinkUNet compiles on CUDA only: on the CPU its trace takes ~40 s of CI's 20 minutes, and its norms
 # are the layer SparseResNet21D's CPU case compiles and test_export_models[minkunet] traces.
 @pytest.mark.parametrize("device,name", [("cpu", "resnet21d"), pytest.param("cuda", "resnet21d", marks=_NEEDS_CUDA),

@@ -20,6 +20,8 @@ with the ReLU after it.
 
 import torch
 
+from .._tracing import compiling
+
 
 def _setup_context(ctx, inputs, output):
     x, weight, bias = inputs[:3]
@@ -40,6 +42,23 @@ def _backward(ctx, grad, *_unused):
 torch.library.register_autograd("torchsp::batch_norm_train", _backward, setup_context=_setup_context)
 
 
+_ONE_ROW = "BatchNorm: expected more than 1 value per channel when training"
+
+
+def _check_rows(n):
+    """Raise RuntimeError, as bn(x) does in training, when x has n == 1 rows: at once where n is a
+    known int, else as a runtime assertion in the traced graph (torch._check without a message:
+    dynamo before torch 2.7 cannot take the message callable, "NestedUserFunctionVariable()" on
+    2.4.1, and compiled graphs on 2.13 raise their own "Runtime assertion failed" anyway).  Under
+    dynamo a symbolic n passes isinstance(n, int) and `if n == 1` would guard on it, hence
+    compiling() first."""
+    if not compiling() and not isinstance(n, torch.SymInt):
+        if n == 1:
+            raise RuntimeError(_ONE_ROW)
+    else:
+        torch._check(n != 1)
+
+
 def batch_norm_traced(bn, x):
     """nn.BatchNorm1d `bn` applied to x [N, C] (float, any N) as bn(x) computes it, for traced
     code: running statistics and num_batches_tracked update as bn(x) updates them, and a
@@ -52,7 +71,7 @@ def batch_norm_traced(bn, x):
     if not bn.training and bn.running_mean is not None and bn.running_var is not None:
         return torch.ops.aten._native_batch_norm_legit_no_training.default(
             x, bn.weight, bn.bias, bn.running_mean, bn.running_var, factor, bn.eps)[0]
-    torch._check(x.shape[0] != 1, lambda: "BatchNorm: expected more than 1 value per channel when training")
+    _check_rows(x.shape[0])
     stats = bn.training and bn.track_running_stats and bn.running_mean is not None  # F.batch_norm's rule
     y, _, _, rm, rv = torch.ops.torchsp.batch_norm_train(x, bn.weight, bn.bias, bn.running_mean if stats else None,
                                                          bn.running_var if stats else None, factor, bn.eps)

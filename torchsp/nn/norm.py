@@ -44,8 +44,11 @@ class BatchNorm(nn.Module):
     def forward(self, input):
         check_sparse(input, "torchsp.nn.BatchNorm")
         # Traced (dynamo, or any fake-tensor tracer on a symbolic row count, as non-strict export on
-        # a torch whose export does not say it is compiling); SyncBatchNorm keeps its own path.
-        if type(self.bn) is nn.BatchNorm1d and (compiling() or isinstance(input.feats.shape[0], torch.SymInt)):
+        # a torch whose export does not say it is compiling); SyncBatchNorm (no BatchNorm1d) and
+        # subclasses with their own forward keep their path.  Not `type(bn) is nn.BatchNorm1d`:
+        # torch 2.4's non-strict export calls submodules through subclasses of their own class.
+        if (isinstance(self.bn, nn.BatchNorm1d) and type(self.bn).forward is nn.BatchNorm1d.forward
+                and (compiling() or isinstance(input.feats.shape[0], torch.SymInt))):
             return input.replace(batch_norm_traced(self.bn, input.feats))
         return input.replace(self.bn(input.feats))
 
