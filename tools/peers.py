@@ -456,8 +456,8 @@ def _warpconvnet(L):
     cin = compact(L["coords_in"], t_in)
     in_perm = _wcn_batch_order(cin)
     cin = cin[in_perm]
-    cout = compact(L["coords_out"], t_out)
-    cout = cout[_wcn_batch_order(cout)]
+    ours_out = compact(L["coords_out"], t_out)
+    cout = ours_out[_wcn_batch_order(ours_out)]
     conv = SparseConv3d(Ci, Co, K, stride=1 if kind == "subm" else 2, bias=False,
                         transposed=kind == "up").to(dev, dt)
     if tuple(conv.weight.shape) != tuple(L["weight"].shape):
@@ -469,7 +469,7 @@ def _warpconvnet(L):
     with torch.no_grad():
         y0 = conv(x0, y_given)                       # builds the kernel map into x0's cache
     out_b = y0.batch_indexed_coordinates
-    perm = row_perm(compact(L["coords_out"], t_out), out_b)
+    perm = row_perm(ours_out, out_b)
 
     def call(feats):                                 # feats in in_perm's order
         return conv(x0.replace(batched_features=feats), y_given).feature_tensor
