@@ -75,10 +75,12 @@ def test_bench_tools_run_on_cpu():
     assert "torchsp auto" in out and "tuned fwd" in out and "# compact" in out
     assert "with .grad set to None before each call" in out and "backward on the calling thread" in out
     out = _run_tool("bench.py", "--device", "cpu", "--dtype", "fp32", "--voxel-scale", "20", "--iters", "1",
-                    "--warmup", "0", "--peers", "none", "--layers", "subm3_c32", "down2_c64", "--algos", "0",
+                    "--warmup", "0", "--peers", "none", "--layers", "down2_c64", "subm3_c32", "--algos", "0",
                     "--budget", "0")
-    compact = out.split("# compact")[1]
-    assert "layers not run: down2_c64" in out and "subm3_c32" in compact and "down2_c64" not in compact
+    compact = out.split("# compact")[1]  # layers run in the order given: down2 first, then the budget stops
+    assert "layers not run: subm3_c32" in out and "down2_c64" in compact and "subm3_c32" not in compact
+    with pytest.raises(AssertionError, match=r"unknown --layers \['subm3_c33'\]"):
+        _run_tool("bench.py", "--device", "cpu", "--peers", "none", "--layers", "subm3_c33")
     out = _run_tool("bench_models.py", "--device", "cpu", "--dtype", "float32", "--voxel-size", "1.0",
                     "--repeats", "1", "--models", "resnet21d", "--fixed", "os-sorted")
     assert "search: end-to-end forward" in out and "ratio" in out

@@ -191,7 +191,7 @@ def main():
     ap.add_argument("--dtype", default="fp16", choices=sorted(DTYPES))
     ap.add_argument("--algos", nargs="+", default=["0", "0u"],
                     help="torchsp dataflows: 0, 1, 2 (hybrid, threshold 2), 2:T, a,b,c,d, auto")
-    ap.add_argument("--layers", nargs="+", default=None, help=f"subset of {[l[0] for l in LAYERS]}")
+    ap.add_argument("--layers", nargs="+", default=None, help=f"subset of {[l[0] for l in LAYERS]}, run in the order given")
     ap.add_argument("--peers", nargs="+", default=["all"], help="spconv flexgemm torchsparse warpconvnet | all | none")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
@@ -248,7 +248,12 @@ def main():
         print(f"#   peer {p}: {v}")
     peak = PEAK[dtype]
     algos = [parse_algo(s) for s in args.algos]
-    layers = [l for l in LAYERS if args.layers is None or l[0] in args.layers]
+    # In the order given (a call with --budget runs the layers that matter first).
+    by_name = {l[0]: l for l in LAYERS}
+    unknown = [n for n in args.layers or [] if n not in by_name]
+    if unknown:
+        raise SystemExit(f"bench.py: unknown --layers {unknown}; known: {list(by_name)}")
+    layers = LAYERS if args.layers is None else [by_name[n] for n in dict.fromkeys(args.layers)]
     rows = []
 
     def floor_us(F, B, mult=1):
