@@ -82,6 +82,19 @@ LAYERS = [
 ]
 
 
+def select_layers(names):
+    """The LAYERS entries named in `names` (all of them for None), in the order given, so a run
+    with --budget reaches the layers that matter first; SystemExit listing the known names when
+    one is unknown."""
+    if names is None:
+        return list(LAYERS)
+    by_name = {l[0]: l for l in LAYERS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown --layers {unknown}; known: {list(by_name)}")
+    return [by_name[n] for n in dict.fromkeys(names)]
+
+
 def find_data(path):
     if path:
         return path
@@ -191,7 +204,8 @@ def main():
     ap.add_argument("--dtype", default="fp16", choices=sorted(DTYPES))
     ap.add_argument("--algos", nargs="+", default=["0", "0u"],
                     help="torchsp dataflows: 0, 1, 2 (hybrid, threshold 2), 2:T, a,b,c,d, auto")
-    ap.add_argument("--layers", nargs="+", default=None, help=f"subset of {[l[0] for l in LAYERS]}, run in the order given")
+    ap.add_argument("--layers", nargs="+", default=None,
+                    help=f"subset of {[l[0] for l in LAYERS]}, run in the order given")
     ap.add_argument("--peers", nargs="+", default=["all"], help="spconv flexgemm torchsparse warpconvnet | all | none")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
@@ -213,6 +227,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None, help="PNG bar plot (matplotlib, imported lazily)")
     args = ap.parse_args()
+    layers = select_layers(args.layers)  # an unknown name stops the run before any setup
     if args.rounds < 1 or args.iters < 1 or args.warmup < 0:
         ap.error(f"--rounds and --iters must be >= 1 and --warmup >= 0, got --rounds {args.rounds}, "
                  f"--iters {args.iters}, --warmup {args.warmup}")
@@ -248,12 +263,6 @@ def main():
         print(f"#   peer {p}: {v}")
     peak = PEAK[dtype]
     algos = [parse_algo(s) for s in args.algos]
-    # In the order given (a call with --budget runs the layers that matter first).
-    by_name = {l[0]: l for l in LAYERS}
-    unknown = [n for n in args.layers or [] if n not in by_name]
-    if unknown:
-        raise SystemExit(f"bench.py: unknown --layers {unknown}; known: {list(by_name)}")
-    layers = LAYERS if args.layers is None else [by_name[n] for n in dict.fromkeys(args.layers)]
     rows = []
 
     def floor_us(F, B, mult=1):

@@ -85,7 +85,7 @@ def main():
     device, dtype = torch.device("cuda"), bench.DTYPES[args.dtype]
     algo = [int(v) for v in args.algo.split(",")]
     summary = []
-    for spec in [l for l in bench.LAYERS if l[0] in args.layers]:
+    for spec in bench.select_layers(args.layers):
         name, kind, K = spec[0], spec[1], spec[2]
         x, kw, w, km, sz, _ = bench.make_layer(*spec, args, device, dtype)
         geom = ConvGeometry(K, **kw)
