@@ -47,8 +47,9 @@ class BatchNorm(nn.Module):
         # a torch whose export does not say it is compiling); SyncBatchNorm (no BatchNorm1d) and
         # subclasses with their own forward keep their path.  Not `type(bn) is nn.BatchNorm1d`:
         # torch 2.4's non-strict export calls submodules through subclasses of their own class.
-        if (isinstance(self.bn, nn.BatchNorm1d) and type(self.bn).forward is nn.BatchNorm1d.forward
-                and (compiling() or isinstance(input.feats.shape[0], torch.SymInt))):
+        # The tracing test first: an eager call (the common one) then skips the module checks.
+        if ((compiling() or isinstance(input.feats.shape[0], torch.SymInt))
+                and isinstance(self.bn, nn.BatchNorm1d) and type(self.bn).forward is nn.BatchNorm1d.forward):
             return input.replace(batch_norm_traced(self.bn, input.feats))
         return input.replace(self.bn(input.feats))
 
