@@ -12,7 +12,7 @@
 import torch
 
 from . import _C
-from ._autograd import below_autograd, eager_conv, eager_ok, plain_operands
+from ._autograd import eager_conv, eager_ok, plain_operands
 from ._tracing import tracing
 from .kmap import ConvGeometry, conv_geometry, get_kernel_map
 from .plan import pass_plan
@@ -136,9 +136,8 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
                            traced=traced)
     fwd, dgrad, wgrad = _resolve_algo(algo, feats)
     order, segs = pass_plan(kmap, "fwd", fwd, geom, feats.dtype)
-    if _gradless(traced, feats, weight):
-        with below_autograd():
-            y = _C.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, None, segs, [])
+    if _gradless(traced, feats, weight):  # _C.conv_fwd runs below the autograd key
+        y = _C.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, None, segs, [])
     elif not traced and eager_ok(feats, weight):  # eager training call: torchsp._autograd's lean route
         y = eager_conv(feats, weight, kmap, (fwd, dgrad, wgrad), order, segs, geom)
     else:
