@@ -12,6 +12,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "shim_common.h"
 #include "shim_ggs.h"
 #include "torchsp.h"
@@ -37,6 +41,33 @@ at::Tensor workspace(size_t bytes, const at::Tensor &like) {
 ** kernels take NULL with 0 bytes. */
 at::Tensor conv_workspace(size_t bytes, const at::Tensor &like) {
   return bytes > 0 ? workspace(bytes, like) : at::Tensor();
+}
+
+/* The persistent tile counter of the current stream (tsp_conv_problem.tile_counter):
+** 8 zeroed bytes per device and stream, allocated on first use and
+** kept for the process (never freed: no destructor runs after the driver
+** shuts down), which the kernels leave zeroed.  nullptr, so that the pass
+** keeps a counter in its workspace, for float32 (no tile takes one), for the
+** per-thread default stream (one handle for every host thread's own stream)
+** and while the stream is being captured: a graph may replay on another
+** stream while eager passes use this one's counter. */
+int32_t *stream_counter(const at::Tensor &like) {
+  if (like.scalar_type() != at::kHalf && like.scalar_type() != at::kBFloat16) return nullptr;
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(like.device().index());
+  const cudaStream_t raw = stream.stream();
+  if (raw == cudaStreamPerThread) return nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(raw, &capture) != cudaSuccess) {
+    (void)cudaGetLastError(); /* the query's own error: the pass runs as before */
+    return nullptr;
+  }
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  static std::mutex lock;
+  static auto *counters = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+  std::lock_guard<std::mutex> hold(lock);
+  at::Tensor &c = (*counters)[{static_cast<int>(like.device().index()), raw}];
+  if (!c.defined()) c = at::zeros({2}, like.options().dtype(at::kInt));
+  return c.data_ptr<int32_t>();
 }
 
 void *data_or_null(const at::Tensor &t) { return t.defined() ? t.data_ptr() : nullptr; }
@@ -179,6 +210,7 @@ at::Tensor conv_fwd_cuda(const at::Tensor &x_, const at::Tensor &w_, const at::T
     p.algo.dataflow = TSP_DATAFLOW_OUTPUT_STATIONARY; /* no plan (tracing, exact float32): the plain pass */
     p.algo.threshold = 0;
   }
+  p.tile_counter = stream_counter(x);
   at::Tensor ws = conv_workspace(tsp_conv_cuda_workspace(&p), x);
   check_status(tsp_conv_fwd_cuda(&p, x.data_ptr(), w.data_ptr(), nbmap.data_ptr<int32_t>(),
                                  y.data_ptr(), data_or_null(ws), bytes_of(ws),
@@ -209,6 +241,7 @@ at::Tensor conv_dgrad_cuda(const at::Tensor &dy_, const at::Tensor &w_,
     p.algo.dataflow = TSP_DATAFLOW_OUTPUT_STATIONARY; /* no plan: the plain pass */
     p.algo.threshold = 0;
   }
+  p.tile_counter = stream_counter(dy);
   at::Tensor ws = conv_workspace(tsp_conv_cuda_workspace(&p), dy);
   check_status(tsp_conv_dgrad_cuda(&p, dy.data_ptr(), w.data_ptr(), nbmap_t.data_ptr<int32_t>(),
                                    dx.data_ptr(), data_or_null(ws), bytes_of(ws),

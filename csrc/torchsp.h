@@ -231,6 +231,17 @@ typedef struct {
   const int32_t *pairs;
   const int64_t *pair_starts;
   int64_t n_pairs;
+  /* Optional (CUDA forward and dgrad): 8 bytes of device memory, 8-aligned,
+  ** zero whenever no pass is running on this pass's stream.  The
+  ** warp-specialized tiles (14-17) take further tiles from it and count their
+  ** takers out in it, and the last taker of a launch puts it back to zero
+  ** (cuda/conv_wgmma_ws.cu), so such a pass needs no workspace and no memset for its tile
+  ** counter (an allocator call and a memset launch, ~4 us of host time a pass
+  ** on the H100 machine).  The shim keeps one per device and stream, and none
+  ** while the stream is being captured into a CUDA graph (a graph may replay
+  ** on another stream beside eager work on this one).  NULL: the counter lives
+  ** in the workspace and is zeroed before each launch. */
+  int32_t *tile_counter;
 } tsp_conv_problem;
 
 

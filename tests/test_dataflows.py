@@ -324,13 +324,14 @@ def test_pingpong_refined_plan_few_tiles(voxel, c, tile):
 
 @needs_cuda
 def test_ws_tiles_many_launches():
-    """Tiles 14-17 take their tiles from a counter, one per pass in its workspace, which each
-    launch that reads it zeroes first (csrc/cuda/conv_wgmma_ws.cu launch_ws; before 2026-11-26 the
-    weight image kernel zeroed 64 of them).  81 segments (each offset alone, over each third of
-    the mask-ordered rows: every (row, offset) pair summed once), so ~80 launches per pass, each
-    of ~175 row tiles, more than the persistent grid's blocks, so the counter hands out tiles.  Whole sweep at 0.2 m (67k voxels), forward and dgrad against the fp64 gather
-    reference: a counter left at a previous launch's count would skip that launch's tiles
-    (poisoned rows), a shared one race."""
+    """Tiles 14-17 take their tiles from a counter: the stream's own (csrc/shim_cuda.cpp
+    stream_counter), zero at each launch because the launch before put it back to zero when its
+    last taker left (csrc/cuda/conv_wgmma_ws.cu ws_counter_leave), with no memset.  81 segments
+    (each offset alone, over each third of the mask-ordered rows: every (row, offset) pair summed
+    once), so ~80 launches per pass, each of ~175 row tiles, more than the persistent grid's
+    blocks, so the counter hands out tiles.  Whole sweep at 0.2 m (67k voxels), forward and dgrad
+    against the fp64 gather reference: a counter left at a previous launch's count would skip
+    that launch's tiles (poisoned rows), a shared one race."""
     c = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2).cuda()
     geom = torchsp.kmap.ConvGeometry(3)
     x = torchsp.SparseTensor(randn(c.shape[0], 64, dtype=torch.float16, device="cuda", seed=1), c)
@@ -351,6 +352,76 @@ def test_ws_tiles_many_launches():
         dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs)
         assert rel_err(y, want_y) <= TOL[torch.float16], (tile, rel_err(y, want_y))
         assert rel_err(dx, want_dx) <= TOL[torch.float16], (tile, rel_err(dx, want_dx))
+
+
+@needs_cuda
+@pytest.mark.parametrize("tile,c", [(15, 64), (16, 128)])
+def test_ws_tiles_stream_counters(tile, c):
+    """The tile counter of tiles 14-17 is kept per device and stream and left zero by each launch
+    (csrc/shim_cuda.cpp stream_counter): passes on the default stream back to back, on two side
+    streams at once (no synchronisation between them: each stream's passes take tiles from its own
+    counter while the other's run), and captured into a CUDA graph (captured passes keep a counter
+    in their workspace: a graph may replay on another stream) replayed between eager passes.
+    Whole sweep at 0.2 m (67k voxels, ~525 row tiles: the blocks take tiles from the counter),
+    forward and dgrad against the fp64 gather reference into NaN-poisoned memory, and bitwise
+    equal to each other: a counter shared between streams would hand one pass's tiles to the
+    other, one not put back to zero would skip the next launch's tiles."""
+    coords = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2).cuda()
+    assert coords.shape[0] > 60000
+    dtype = torch.float16
+    x = torchsp.SparseTensor(randn(coords.shape[0], c, dtype=dtype, device="cuda", seed=1), coords)
+    km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(3))[0]
+    w = randn(27, c, c, dtype=dtype, device="cuda", seed=2, scale=0.05)
+    dy = randn(coords.shape[0], c, dtype=dtype, device="cuda", seed=3)
+    want_y = ref.gather_conv(x.feats, km.nbmap, w)  # fp64 on the GPU
+    want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
+    a = [0, tile, 0, 0]
+    order, order_t = km.order, km.order_t
+
+    def run():
+        return (ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t),
+                ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t))
+
+    outs = []
+    for _ in range(3):  # the default stream, back to back
+        _poison_cache()
+        outs.append(run())
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # NaN in the blocks the stream's outputs will take
+            torch.full((6 * x.feats.numel() // 2 + (1 << 20),), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+    side = [[], []]
+    for _ in range(3):  # both side streams at once, their launches interleaved
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                side[i].append(run())
+    torch.cuda.synchronize()
+    outs += side[0] + side[1]
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()  # warm-up on the capture stream
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            captured = run()
+    torch.cuda.synchronize()
+    for _ in range(2):
+        _poison_cache()
+        for t in captured:
+            t.fill_(float("nan"))
+        eager = run()  # the default stream's counter, between replays
+        g.replay()
+        torch.cuda.synchronize()
+        outs += [eager, tuple(t.clone() for t in captured)]
+    y, dx = outs[0]
+    assert rel_err(y, want_y) <= TOL[dtype], rel_err(y, want_y)
+    assert rel_err(dx, want_dx) <= TOL[dtype], rel_err(dx, want_dx)
+    for i, (y2, dx2) in enumerate(outs[1:]):
+        assert torch.equal(y, y2) and torch.equal(dx, dx2), i
 
 
 @needs_cuda

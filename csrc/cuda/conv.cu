@@ -222,8 +222,10 @@ static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 /* Workspace of tiles 14-17: their tile counter, where the blocks read it
 ** (tsp_conv_wgmma_ws_counted over all the pass's rows: no segment has more;
 ** launch_ws zeroes it; a segmented pass's launches take turns with it, in stream
-** order).  Passes with fewer tiles (a U-Net's deep levels) allocate nothing.
-** 256 bytes for a 4-byte counter: the fp32 partials after it stay aligned. */
+** order) and the problem brings no counter of its stream
+** (tsp_conv_problem.tile_counter).  Passes with fewer tiles (a U-Net's deep
+** levels) allocate nothing.  256 bytes for an 8-byte counter: the fp32
+** partials after it stay aligned. */
 enum { WS_COUNTER_BYTES = 256 };
 
 /* Split-K's runs per tile (TSP_DATAFLOW_SPLIT_K, the shim checks 2 .. TSP_SPLIT_K_MAX); 1: none. */
@@ -255,7 +257,8 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->volume, rows, p->algo.tile);
   if (tsp_is_ws_tile(tile))
-    bytes = tsp_conv_wgmma_ws_counted(rows, n, tile, split_k(p->algo)) ? WS_COUNTER_BYTES : 0;
+    bytes = p->tile_counter == NULL && tsp_conv_wgmma_ws_counted(rows, n, tile, split_k(p->algo))
+                ? WS_COUNTER_BYTES : 0;
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0 && segs_need_accum(segs, n_segs))
@@ -353,7 +356,7 @@ static tsp_status output_stationary(tsp_dtype dtype, const tsp_os_launch *base, 
   unsigned char *ws = (unsigned char *)workspace;
   size_t used = 0;
   if (kind == OS_WGMMA && tsp_is_ws_tile(tile)) { /* both passes read w as it is */
-    if (tsp_conv_wgmma_ws_counted(rows, n, tile, split_k(algo))) {
+    if (a.tile_counter == NULL && tsp_conv_wgmma_ws_counted(rows, n, tile, split_k(algo))) {
       if (ws == NULL || workspace_bytes < WS_COUNTER_BYTES) return TSP_ERR_ARGUMENT;
       a.tile_counter = (int32_t *)ws;
       used = WS_COUNTER_BYTES;
@@ -469,8 +472,9 @@ tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const 
                            segmented || prob->algo.threshold != -1 ? prob->order : NULL,
                            prob->n_out, prob->volume, prob->c_in, prob->c_out, y,
                            (cudaStream_t)stream, prob->n_out, ~(uint64_t)0, NULL, TSP_EPI_STORE,
-                           NULL, 0, prob->order_plan == TSP_ORDER_TILE_PLAN,
-                           pass_steps(prob->order, prob->order_plan, prob->n_out, prob->n_segs, prob->algo)};
+                           prob->tile_counter, 0, prob->order_plan == TSP_ORDER_TILE_PLAN,
+                           pass_steps(prob->order, prob->order_plan, prob->n_out, prob->n_segs, prob->algo),
+                           prob->tile_counter != NULL};
   return output_stationary(prob->dtype, &a, 0, prob->algo, prob->segs, prob->n_segs,
                            workspace, workspace_bytes);
 }
@@ -485,9 +489,10 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
                            segmented || prob->algo.threshold != -1 ? prob->order_t : NULL,
                            prob->n_in, prob->volume, prob->c_out, prob->c_in, dx,
                            (cudaStream_t)stream, prob->n_in, ~(uint64_t)0, NULL, TSP_EPI_STORE,
-                           NULL, 0, prob->order_t_plan == TSP_ORDER_TILE_PLAN,
+                           prob->tile_counter, 0, prob->order_t_plan == TSP_ORDER_TILE_PLAN,
                            pass_steps(prob->order_t, prob->order_t_plan, prob->n_in, prob->n_segs_t,
-                                      prob->algo)};
+                                      prob->algo),
+                           prob->tile_counter != NULL};
   return output_stationary(prob->dtype, &a, 1, prob->algo, prob->segs_t, prob->n_segs_t,
                            workspace, workspace_bytes);
 }

@@ -104,8 +104,10 @@ static inline int tsp_device_attr(cudaDeviceAttr attr, int *known) {
 /* Compute capability of the current device as 10 * major + minor, 0 on error. */
 static inline int tsp_device_cc(void) {
   static int major[64], minor[64];
-  return 10 * tsp_device_attr(cudaDevAttrComputeCapabilityMajor, major) +
-         tsp_device_attr(cudaDevAttrComputeCapabilityMinor, minor);
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0; /* once for both: a pass asks several times */
+  return 10 * tsp_device_attr_of(cudaDevAttrComputeCapabilityMajor, dev, major) +
+         tsp_device_attr_of(cudaDevAttrComputeCapabilityMinor, dev, minor);
 }
 
 /* Multiprocessors of the current device, 0 on error. */
@@ -203,9 +205,10 @@ typedef struct {
   uint64_t offsets;    /* bit k: offset k takes part (~0: all) */
   float *accum;        /* [rows, n] fp32 partial sums (the TSP_EPI_ACC_* modes) */
   int mode;            /* TSP_EPI_* */
-  int32_t *tile_counter; /* tiles 14-17: a device int the blocks take further tiles
-                            from (the launcher zeroes it where they do:
-                            tsp_conv_wgmma_ws_counted); NULL elsewhere */
+  int32_t *tile_counter; /* tiles 14-17: 8 device bytes, 8-aligned, the blocks take
+                            further tiles from where tsp_conv_wgmma_ws_counted (one
+                            64-bit word: tiles taken, takers gone; the last taker
+                            zeroes it); NULL elsewhere */
   int splits;          /* split-K: > 1 cuts each tile's offsets into this many runs, block
                           (tile, s) writing its sums to accum + s * rows * n in `mode`
                           (TSP_EPI_ACC_INIT); 0 or 1: none */
@@ -216,6 +219,8 @@ typedef struct {
                            pass_steps); read by the fp16/bf16 kernels with 128-row
                            tiles (mma.sync 0 / 2 / 3, wgmma 6, 7, 10, 13-17),
                            ignored by the others */
+  int counter_clean;   /* tile_counter is zero at launch (tsp_conv_problem.tile_counter,
+                          the stream's own): the launcher does not zero it */
 } tsp_os_launch;
 
 /* The warp-specialized wgmma tiles (conv_wgmma_ws.cu: 14, 15 and the
@@ -252,7 +257,7 @@ tsp_status tsp_conv_mma_wgrad(const tsp_conv_problem *p, const void *x, const vo
 ** read the forward's [volume, red, n] as stored (k_major = 0).  So do the
 ** warp-specialized tiles 14-17 (conv_wgmma_ws.cu), through a tensor map of
 ** w, in both layouts; where tsp_conv_wgmma_ws_counted, they need
-** a->tile_counter (4 bytes of workspace). */
+** a->tile_counter (8 bytes: the stream's counter, or workspace). */
 size_t tsp_conv_wgmma_workspace(int64_t volume, int64_t red, int64_t n);
 int tsp_conv_wgmma_available(void); /* sm_90a build on an sm_90 device */
 tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int tile);
@@ -264,7 +269,7 @@ tsp_status tsp_conv_wgmma_ws_check(tsp_dtype dtype, const tsp_os_launch *a, int 
 ** (two tile buffers in shared memory beside its stages); 0 without sm_90a code. */
 int tsp_conv_wgmma_pingpong_fits(int64_t n, int64_t volume);
 /* Whether a launch of tile 14-17 over tile_rows rows (split-K: splits runs) reads its
-** tile counter (a->tile_counter, 4 bytes of workspace; NULL may be passed otherwise). */
+** tile counter (a->tile_counter, 8 bytes; NULL may be passed otherwise). */
 int tsp_conv_wgmma_ws_counted(int64_t tile_rows, int64_t n, int tile, int splits);
 tsp_status tsp_conv_wgmma_ws_os(tsp_dtype dtype, const tsp_os_launch *a, int tile, int k_major);
 

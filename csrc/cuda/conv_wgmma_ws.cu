@@ -286,11 +286,30 @@ static __device__ __forceinline__ uint32_t ws_step_wait(const tsp_tile_smem &til
   return groups;
 }
 
+/* The tile counter is one 64-bit word: the low half counts the tiles taken,
+** the high half the takers (the one thread of a block, or of each ping-pong
+** warpgroup, that reads the counter) that have left.  All of a launch's
+** atomics act on that one word, so they fall in one order that keeps each
+** thread's own order: the taker whose leaving completes the count comes after
+** every take, and puts the word back to zero.  So a counter the stream keeps
+** (tsp_conv_problem.tile_counter) is zero again for its next launch, with no
+** memset and no fence.  (A separate word for the leavers, ordered by
+** __threadfence, cost ~1.2 us at the end of a counted pass: H100, 2026-11-27.) */
+static __device__ __forceinline__ int ws_take(int *next_tile) {
+  return (int)(uint32_t)atomicAdd((unsigned long long *)next_tile, 1ull);
+}
+
+static __device__ __forceinline__ void ws_leave(int *next_tile, int takers) {
+  const unsigned long long was = atomicAdd((unsigned long long *)next_tile, 1ull << 32);
+  if ((int)(was >> 32) == takers - 1) atomicExch((unsigned long long *)next_tile, 0ull);
+}
+
 /* src [src_rows, red]; wmap: the tensor map of w (launch_ws: [V, red, n] with
 ** BT, the forward's, else [V, n, red]); out [rows, n]; next_tile: a counter
 ** the blocks take tiles from where `counted` (launch_ws decides, ws_counted:
-** more tiles than each block's first, PP: first two; it zeroes the counter
-** then); `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
+** more tiles than each block's first, PP: first two), zero at launch: 8
+** bytes, 8-aligned, tiles taken and takers gone (ws_take, ws_leave), which
+** the launch leaves zero; `tiles` tiles in all, `tbufs` (1 or 2) tile buffers.
 ** Split-K (splits > 1): tile t is run t % splits of row/column tile t / splits
 ** (tsp_tile_origin_split's order), its sums in accum + run * rows * n.
 ** PP (tile 16, needs tbufs == 2): ping-pong consumers, see the consumers' PP branch;
@@ -369,7 +388,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       } else {
         mb_wait(&tile_free[tb], ((i / tbufs) & 1) ^ 1); /* its previous tile's epilogue is done */
         if (p == 0)
-          *ws_tile_index(tile) = i == 0 ? (int)blockIdx.x : counted ? (int)gridDim.x + atomicAdd(next_tile, 1) : tiles;
+          *ws_tile_index(tile) = i == 0 ? (int)blockIdx.x : counted ? (int)gridDim.x + ws_take(next_tile) : tiles;
         tsp_tile_sync<WS_TILE_BAR, PT>();
         t = *ws_tile_index(tile);
         if (t >= tiles) { /* no tile left: tell the consumers, and stop */
@@ -452,6 +471,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       if (PP) mb_arrive(&tile_free[tb]); /* done reading the tile: its warpgroup may build the next */
     }
     tsp_cp_async_wait<0>(); /* leave no copy of this thread in flight */
+    if (!PP && counted && p == 0) ws_leave(next_tile, (int)gridDim.x);
     return;
   }
 
@@ -545,7 +565,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       /* tile i + 2's index, before tile i + 1's warpgroup can take one */
       const auto hand_over = [&](uint32_t g_end) {
         if (wt == 0) {
-          const int nt = counted ? 2 * (int)gridDim.x + atomicAdd(next_tile, 1) : tiles;
+          const int nt = counted ? 2 * (int)gridDim.x + ws_take(next_tile) : tiles;
           next_idx[wg] = nt;
           g_next[(i + 1) & 1] = (int32_t)g_end;
           if (sched) sched_ahead = tsp_steps_sched_entry(plan_steps, nt, tiles, n, BM, BN, volume);
@@ -637,6 +657,7 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
         }
       }
     }
+    if (counted && wt == 0) ws_leave(next_tile, 2 * (int)gridDim.x);
     return;
   }
   if (WIDE_REGS) ws_set_max_regs<false, WS_WIDE_CONSUMER_REGS>();
@@ -849,8 +870,8 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   CUtensorMap wmap;
   s = ws_weight_map(&wmap, a, BT, BN);
   if (s != TSP_OK) return s;
-  if (counted) { /* the only launch spent on the counter */
-    s = tsp_cuda_check(cudaMemsetAsync(a.tile_counter, 0, sizeof(int32_t), a.stream),
+  if (counted && !a.counter_clean) { /* a workspace counter: the only launch spent on it */
+    s = tsp_cuda_check(cudaMemsetAsync(a.tile_counter, 0, 2 * sizeof(int32_t), a.stream),
                        "tsp_conv_wgmma_ws: zero the tile counter");
     if (s != TSP_OK) return s;
   }
