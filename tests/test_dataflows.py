@@ -283,6 +283,19 @@ def test_ws_tiles_whole_scan(cin, cout):
             _check_pass(x, w, dy, km, geom, a, want_y, want_dx, a)
 
 
+def _scan_pass_case(voxel, c, device="cuda", dtype=torch.float16):
+    """The whole lidar sweep at `voxel` m, a c -> c submanifold 3x3x3 layer on it (features, weight
+    and dy from fixed seeds) and its fp64 gather references: (x, km, w, dy, want_y, want_dx)."""
+    coords = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=voxel).to(device)
+    x = torchsp.SparseTensor(randn(coords.shape[0], c, dtype=dtype, device=device, seed=1), coords)
+    km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(3))[0]
+    w = randn(27, c, c, dtype=dtype, device=device, seed=2, scale=0.05)
+    dy = randn(coords.shape[0], c, dtype=dtype, device=device, seed=3)
+    want_y = ref.gather_conv(x.feats, km.nbmap, w)  # fp64, on `device`
+    want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
+    return x, km, w, dy, want_y, want_dx
+
+
 @needs_cuda
 @pytest.mark.parametrize("voxel,c,tile", [(0.4, 128, 16), (0.8, 128, 17), (0.8, 256, 16), (0.8, 128, 15),
                                           (0.8, 256, 14)])
@@ -295,15 +308,9 @@ def test_pingpong_refined_plan_few_tiles(voxel, c, tile):
     the tile counter, and nothing zeroes it (`counted`).  Forward and dgrad against the fp64
     gather reference into NaN-poisoned memory, and bitwise equal to the plain plan and the bare
     mask order (the same products per row, in the same order)."""
-    coords = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=voxel).cuda()
     dtype = torch.float16
-    x = torchsp.SparseTensor(randn(coords.shape[0], c, dtype=dtype, device="cuda", seed=1), coords)
-    km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(3))[0]
-    w = randn(27, c, c, dtype=dtype, device="cuda", seed=2, scale=0.05)
-    dy = randn(coords.shape[0], c, dtype=dtype, device="cuda", seed=3)
-    want_y = ref.gather_conv(x.feats, km.nbmap, w)  # fp64 on the GPU
-    want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
-    n = coords.shape[0]
+    x, km, w, dy, want_y, want_dx = _scan_pass_case(voxel, c)
+    n = x.coords.shape[0]
     plain, plain_t = km.order, km.order_t
     fine, fine_t = torchsp.kmap.refined_plan(km.nbmap, plain), torchsp.kmap.refined_plan(km.nbmap_t, plain_t)
     assert not torch.equal(fine, plain)
@@ -366,15 +373,9 @@ def test_ws_tiles_stream_counters(tile, c):
     forward and dgrad against the fp64 gather reference into NaN-poisoned memory, and bitwise
     equal to each other: a counter shared between streams would hand one pass's tiles to the
     other, one not put back to zero would skip the next launch's tiles."""
-    coords = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2).cuda()
-    assert coords.shape[0] > 60000
     dtype = torch.float16
-    x = torchsp.SparseTensor(randn(coords.shape[0], c, dtype=dtype, device="cuda", seed=1), coords)
-    km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(3))[0]
-    w = randn(27, c, c, dtype=dtype, device="cuda", seed=2, scale=0.05)
-    dy = randn(coords.shape[0], c, dtype=dtype, device="cuda", seed=3)
-    want_y = ref.gather_conv(x.feats, km.nbmap, w)  # fp64 on the GPU
-    want_dx = ref.gather_conv(dy, km.nbmap_t, w.transpose(1, 2))
+    x, km, w, dy, want_y, want_dx = _scan_pass_case(0.2, c)
+    assert x.coords.shape[0] > 60000
     a = [0, tile, 0, 0]
     order, order_t = km.order, km.order_t
 
