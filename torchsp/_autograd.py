@@ -23,15 +23,14 @@ from . import _C
 from ._tracing import capturing
 from .plan import pass_plan, wgrad_pair_list
 
-below_autograd = getattr(torch._C, "_AutoDispatchBelowAutograd", None)  # None on a torch without it
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def plain_operands(feats, weight):
-    """True when feats and weight are plain tensors (no subclass) and this torch can dispatch
-    below the autograd key: the eager shortcuts of torchsp.functional then apply."""
-    return below_autograd is not None and type(feats) in _PLAIN and type(weight) in _PLAIN
+    """True when feats and weight are plain tensors (no subclass): the eager shortcuts of
+    torchsp.functional then apply (torchsp._C.conv_fwd enters the autograd-free dispatch itself)."""
+    return type(feats) in _PLAIN and type(weight) in _PLAIN
 
 
 def _setup_context(ctx, inputs, output):
