@@ -124,10 +124,11 @@ enum { TSP_SPLIT_K_MAX = 16 };
 ** warp-specialized 15 above; on passes with few 128-row tiles for the GPU's
 ** SMs, tile 16 in 128-column tiles above 128 too, or 17 (the ping-pong tile in
 ** 64-column tiles) on the fewest; else mma.sync: cuda/conv.cu resolve_tile); 1-2
-** mma.sync shapes, 3 the mma.sync default shape; 6-10, 12-17 wgmma (sm_90a
-** builds; 12-17 with 128-byte swizzled operands, 14-17 warp-specialized:
-** producer warps copy, consumer warpgroups multiply); any other value reads
-** as 3.  wgrad's tile on
+** mma.sync shapes, 3 the mma.sync default shape; 6-10, 12-18 wgmma (sm_90a
+** builds; 12-18 with 128-byte swizzled operands, 14-17 warp-specialized:
+** producer warps copy, consumer warpgroups multiply; 18, TSP_TILE_RING, is 13
+** with a step plan's map entries read through a ring, four blocks per SM at
+** 64 produced channels or fewer); any other value reads as 3.  wgrad's tile on
 ** fp16/bf16: 0 the default (the wgmma wgrad of cuda/conv_wgmma_wgrad.cu over
 ** pair slots, whatever the dataflow, when both channel counts are >= 32 on
 ** sm_90a builds on sm_90 devices, else mma.sync: cuda/conv.cu resolve_wgrad); 12, 13, 15 its 128 x 128,
@@ -146,7 +147,7 @@ enum { TSP_SPLIT_K_MAX = 16 };
 ** multiples of 4, misaligned operands, V > 64, pre-sm_80 devices) and every
 ** other tile run the exact fp32 kernels.  Python picks it for float32 when
 ** torch.backends.cuda.matmul.allow_tf32 is set (torchsp/functional.py). */
-enum { TSP_TILE_TF32 = 11 };
+enum { TSP_TILE_TF32 = 11, TSP_TILE_RING = 18 };
 
 typedef struct {
   int32_t dataflow;  /* tsp_dataflow */

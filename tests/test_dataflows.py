@@ -244,12 +244,12 @@ def test_staged_epilogue_real_scan(k, c):
     16-byte chunks (csrc/cuda/conv_tile.cuh tsp_stage_*: rows of 4, 8 and 16 chunks at C = 32, 64
     and 128, each with its own swizzle); a 4x4x4 kernel (64 offsets) at C = 128 leaves the ping-pong
     tile 16 no room for its staging buffers, so it stores directly.  Forward and dgrad of tiles 0,
-    3 (mma.sync), 13 (all-warps wgmma), 16 and 17 (ping-pong, 17 in 64-column tiles) on a real
-    crop against the fp64 gather reference, into NaN-poisoned memory, and bitwise equal run to
-    run."""
+    3 (mma.sync), 13 (all-warps wgmma), 16 and 17 (ping-pong, 17 in 64-column tiles) and 18 (13
+    with the step plan's entries in a ring at C <= 64) on a real crop against the fp64 gather
+    reference, into NaN-poisoned memory, and bitwise equal run to run."""
     geom = torchsp.kmap.ConvGeometry(k)
     x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, c, c, torch.float16)
-    for tile in (0, 3, 13, 16, 17):
+    for tile in (0, 3, 13, 16, 17, 18):
         _check_pass(x, w, dy, km, geom, [0, tile, 0, 0], want_y, want_dx, tile)
 
 

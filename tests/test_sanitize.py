@@ -82,11 +82,12 @@ def _assert_close(y, dx, ref_y, ref_dx):
     assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
 
 
-@pytest.mark.parametrize("tile", [0, 2, 3, 7, 9, 12, 13, 14, 15, 16, 17])
+@pytest.mark.parametrize("tile", [0, 2, 3, 7, 9, 12, 13, 14, 15, 16, 17, 18])
 def test_tensor_core_tiles(tile):
-    """Every tensor-core tile family (mma.sync 2/3, wgmma 7/9, swizzled 12/13 and warp-specialized
-    14/15, ping-pong 16 (here two 128-column tiles) and 17 (64 columns) on sm_90a builds, else
-    mma.sync; 0 resolves to one of them)
+    """Every tensor-core tile family (mma.sync 2/3, wgmma 7/9, swizzled 12/13/18 (18's dgrad, 40
+    produced channels, reads the step plan through its ring) and warp-specialized 14/15, ping-pong
+    16 (here two 128-column tiles) and 17 (64 columns) on sm_90a builds, else mma.sync; 0
+    resolves to one of them)
     under the sanitizers: mask-sorted rows, a partial last tile, Cout > 128, fwd and dgrad; and
     wgrad on the same tile (12, 13, 15: conv_wgmma_wgrad.cu with partial 40-of-64 / 40-of-128
     row and 144-of-256 column tiles, in row chunks and in pair pieces; others mma.sync)."""
@@ -134,17 +135,18 @@ def test_ws_tiles_many(tile):
         _assert_close(y, dx, ref.feats, ref_dx)
 
 
-@pytest.mark.parametrize("tile", [3, 13, 15, 16, 17])
-def test_step_plans(tile):
+@pytest.mark.parametrize("tile,cout", [(3, 128), (13, 128), (13, 64), (15, 128), (16, 128), (17, 128), (18, 64)])
+def test_step_plans(tile, cout):
     """Step plans (torchsp.kmap.tile_order: the order a CUDA map carries; refined_plan: a reused
     map's) under the sanitizers: the same sums, bitwise, as the bare mask order [N] (the tiles
     walk the same rows and offsets, in another grouping; tile 17 in two 64-column tiles per row
-    tile, each finding its row tile through the refined plan's schedule),
+    tile, each finding its row tile through the refined plan's schedule; tile 18 at 64 produced
+    channels reads the plan's entries through a two-column ring, conv_wgmma.cu RING),
     and a plan whose records are overwritten with wild words (offset lists, counts, rows and map
     entries out of range) runs without an access out of bounds."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=21)
-    w16, g16 = w16[:, :, :128].contiguous(), g16[:, :128].contiguous()  # Cout 128: tile 16 fits
-    ref_y = ref_y[:, :128]
+    w16, g16 = w16[:, :, :cout].contiguous(), g16[:, :cout].contiguous()  # Cout 128: tile 16 fits
+    ref_y = ref_y[:, :cout]
     km = torchsp.kmap.get_kernel_map(x, 3)[0]
     n, n_t = km.nbmap.shape[0], km.nbmap_t.shape[0]
     assert km.order.shape[0] > n and km.order_t.shape[0] > n_t  # step plans

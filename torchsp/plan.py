@@ -63,6 +63,9 @@ MAX_VOLUME = 63
 
 # algo.tile of the tf32 tensor-core kernels for float32 (TSP_TILE_TF32, csrc/torchsp.h).
 TF32_TILE = 11
+# algo.tile of tile 13 with four blocks per SM where a step plan's entries fit a ring (TSP_TILE_RING,
+# csrc/cuda/conv_wgmma.cu); wgrad reads it as 13.
+RING_TILE = 18
 # Both channel counts from which wgrad's tile 0 runs the pair-piece kernel: Python's copy of
 # csrc/cuda/conv.cu resolve_wgrad's limit (the two must agree, or a pair list is built for
 # nothing or missed).
@@ -128,17 +131,18 @@ def wgrad_pair_list(kmap, algo, dtype, c_in, c_out):
 
     The CUDA wgrad over pair pieces (csrc/cuda/conv_wgmma_wgrad.cu; what algo tile 0 runs for
     fp16/bf16 with both channel counts >= 32 on an sm_90a build and an sm_90 device, or
-    dataflow 1 with tile 12, 13 or 15) walks nbmap's pair list.  Passed in, it is built once
-    per map (kernel_map_pairs, kept with kmap) instead of on every call (two passes over the
-    map and a scan: ~27-38 us on an H100 at 126-173k rows).  None wherever that kernel does
-    not run, and while tracing (the list's length is data-dependent; the op builds it).
+    dataflow 1 with tile 12, 13 (or RING_TILE, 13 for wgrad) or 15) walks nbmap's pair list.
+    Passed in, it is built once per map (kernel_map_pairs, kept with kmap) instead of on every
+    call (two passes over the map and a scan: ~27-38 us on an H100 at 126-173k rows).  None
+    wherever that kernel does not run, and while tracing (the list's length is data-dependent;
+    the op builds it).
     """
     nb = kmap.nbmap
     if (not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or c_in % 8 or c_out % 8
             or nb.shape[0] == 0 or tracing() or not wgmma_available(nb.device)):
         return None
     pieces = ((algo[1] == 0 and min(c_in, c_out) >= WGRAD_PIECES_MIN_C)
-              or (algo[0] == 1 and algo[1] in (12, 13, 15)))
+              or (algo[0] == 1 and algo[1] in (12, 13, 15, RING_TILE)))
     return pair_list(kmap, "fwd") if pieces else None
 
 

@@ -50,7 +50,7 @@ import torch
 
 from ._tracing import capturing, tracing
 from .geometry import offset_l1
-from .plan import TF32_TILE, pass_plan, segmented, takes_segments, wgmma_available, wgrad_pairs
+from .plan import RING_TILE, TF32_TILE, pass_plan, segmented, takes_segments, wgmma_available, wgrad_pairs
 
 DEFAULT = [0, 0, 0, 0]
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -59,7 +59,7 @@ PASSES = ("fwd", "dgrad", "wgrad")
 # The first is the reference each candidate is checked against.  CUDA forward and
 # dgrad (torchsp/plan.py): output-stationary in mask-sorted row order (threshold 0) or
 # map order (-1) with tile shape 0, 1 (64-row tiles) or 2 (128 x 256 tiles when
-# Cout > 128), plus tiles 3 (mma.sync), 12 and 13 (swizzled wgmma) on sm_90a builds; mask splits
+# Cout > 128), plus tiles 3 (mma.sync), 12, 13 and 18 (swizzled wgmma) on sm_90a builds; mask splits
 # (split 2); weight-stationary fetch-on-demand (dataflow 1); Spira's hybrid (dataflow 2)
 # at every L1 threshold of the kernel; split-K over each tile's offsets in 2, 4 or 8 runs
 # (dataflow 3: layers with fewer tiles than the GPU has SMs); TorchSparse's gather-GEMM-scatter
@@ -123,8 +123,10 @@ def candidates(device_type, pass_name, kernel_size=None, deterministic=False, tf
         # few row tiles (conv.cu resolve_tile): also 12, 13, 15, 16 and mma.sync's default (3).
         # The warp-specialized tile 14 (two producer warps) measured slower than 13 at every C,
         # and the ping-pong 17 (64-column tiles) slower than 16 except on the fewest row tiles,
-        # where tile 0 is 17 (H100, lidar_198k): not candidates.
-        out += [[0, 3, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0], [0, 15, 0, 0], [0, 16, 0, 0]]
+        # where tile 0 is 17 (H100, lidar_198k): not candidates.  Tile 18 (TSP_TILE_RING) is 13
+        # with four blocks per SM at 64 produced channels or fewer: faster on the short tiles of
+        # strided and transposed layers, slower on submanifold ones (csrc/cuda/conv_wgmma.cu).
+        out += [[0, 3, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0], [0, 15, 0, 0], [0, 16, 0, 0], [0, RING_TILE, 0, 0]]
     if device_type == "cuda" and pass_name == "wgrad" and _wgmma_available() and not tf32:
         # wgrad tile 0 is conv_wgmma_wgrad.cu over pair slots for C >= 32 (conv.cu
         # resolve_wgrad); also mma.sync (3) and the three wgmma shapes (12: 128 x 128, 13: 64 x 64,

@@ -140,7 +140,9 @@ static tsp_status check_problem(const tsp_conv_problem *p) {
 static size_t element_bytes(tsp_dtype dtype) { return dtype == TSP_FLOAT32 ? 4 : 2; }
 
 /* algo.tile values served by conv_wgmma.cu (sm_90a builds); others by conv_implicit_gemm.cu. */
-static int is_wgmma_tile(int tile) { return tile >= 6 && tile <= 17 && tile != TSP_TILE_TF32; }
+static int is_wgmma_tile(int tile) {
+  return (tile >= 6 && tile <= 17 && tile != TSP_TILE_TF32) || tile == TSP_TILE_RING;
+}
 
 static int fast_dtype(tsp_dtype dtype) {
   return dtype == TSP_FLOAT16 || dtype == TSP_BFLOAT16;
@@ -195,8 +197,8 @@ static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int64_t volume,
 ** build, sm_90 device; torchsp/plan.py WGRAD_PIECES_MIN_C mirrors the 32):
 ** the wgmma kernel of conv_wgmma_wgrad.cu, 128 x 256 tiles for c_out > 128,
 ** 128 x 128 above 64 channels, else 64 x 64, over pair pieces (dataflow 1);
-** other tiles 12, 13 and 15 ask for those shapes in the algo's own dataflow,
-** any other value for mma.sync (conv_wgrad.cu).  H100,
+** other tiles 12, 13 and 15 ask for those shapes in the algo's own dataflow
+** (TSP_TILE_RING for 13's), any other value for mma.sync (conv_wgrad.cu).  H100,
 ** lidar_198k, fp16, one run (us, row chunks -> pair pieces): C = 64 tile 13
 ** 140 -> 106, C = 128 tile 12 231 -> 169, C = 256 tile 15 610 -> 355; at
 ** C = 32 mma.sync (90) stayed ahead of tile 13's pieces (103) until the
@@ -204,6 +206,7 @@ static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int64_t volume,
 ** kernels: mma.sync 86.4 / 85.8 us, tile 13 pieces 41.0 / 41.7). */
 static tsp_conv_problem resolve_wgrad(const tsp_conv_problem *p) {
   tsp_conv_problem r = *p;
+  if (p->algo.tile == TSP_TILE_RING) r.algo.tile = 13; /* forward and dgrad's ring variant of 13 */
   if (p->algo.tile != 0 || !fast_dtype(p->dtype) || p->c_in < 32 || p->c_out < 32 ||
       !tsp_conv_wgmma_available())
     return r;

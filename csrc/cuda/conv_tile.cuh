@@ -347,13 +347,12 @@ static __device__ __forceinline__ void tsp_tile_offsets(
 ** [0, V], list entries within [0, V), output rows within [-1, rows), map
 ** entries within [-1, src_rows).  A wrong plan gives wrong sums, never an
 ** access out of bounds. */
-template <int BM, int NT, int BAR>
-static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__restrict__ steps, int64_t row0,
-                                                              int volume, int64_t rows, int64_t src_rows,
-                                                              const tsp_tile_smem &t, int tid) {
+/* Copies a record's head (groups, list, count, rows: tsp_tile_smem's layout
+** from groups on) into t, checking each word as it lands; thread tid of NT. */
+template <int BM, int NT>
+static __device__ __forceinline__ void tsp_steps_copy_head(const int32_t *__restrict__ rec, int volume,
+                                                           int64_t rows, const tsp_tile_smem &t, int tid) {
   const int head = (int)tsp_steps_head_words(BM, volume);
-  const int32_t *rec = steps + (row0 / BM) * tsp_steps_words(BM, volume);
-  int count = rec[2 * volume]; /* the same word for every thread: one request */
   for (int i = tid; i < head / 4; i += NT) {
     int4 v = *(const int4 *)(rec + 4 * i);
     int *e = (int *)&v;
@@ -372,6 +371,16 @@ static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__r
         if (4 * i + q <= 2 * volume || 4 * i + q >= 2 * volume + 4) ((int32_t *)t.groups)[4 * i + q] = e[q];
     }
   }
+}
+
+template <int BM, int NT, int BAR>
+static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__restrict__ steps, int64_t row0,
+                                                              int volume, int64_t rows, int64_t src_rows,
+                                                              const tsp_tile_smem &t, int tid) {
+  const int head = (int)tsp_steps_head_words(BM, volume);
+  const int32_t *rec = steps + (row0 / BM) * tsp_steps_words(BM, volume);
+  int count = rec[2 * volume]; /* the same word for every thread: one request */
+  tsp_steps_copy_head<BM, NT>(rec, volume, rows, t, tid);
   count = count < 0 ? 0 : count > volume ? volume : count;
   const int4 *cols = (const int4 *)(rec + head);
 #pragma unroll 4
@@ -392,6 +401,59 @@ static __device__ __forceinline__ void tsp_tile_from_steps(const int32_t *__rest
                                                            int volume, int64_t rows, int64_t src_rows,
                                                            const tsp_tile_smem &t) {
   tsp_tile_from_steps_by<BM, NT, 0>(steps, row0, volume, rows, src_rows, t, (int)threadIdx.x);
+}
+
+/* Kernels that read a step plan's entries column by column as they gather
+** (tile 18 at n <= 64, conv_wgmma.cu wgmma_ring_kernel) keep only the head in
+** shared memory, after a ring of TSP_STEPS_RING columns of BM entries
+** (tsp_tile_ring_at): TSP_STEPS_RING * BM + the head words instead of BM * V
+** + the head words. */
+enum { TSP_STEPS_RING = 2 };
+static __host__ __device__ __forceinline__ size_t tsp_tile_ring_smem_bytes(int bm, int volume) {
+  return ((size_t)TSP_STEPS_RING * bm + (size_t)tsp_steps_head_words(bm, volume)) * 4;
+}
+
+/* The ring's column slots at base, the head after them (nb unused: NULL). */
+static __device__ __forceinline__ tsp_tile_smem tsp_tile_ring_at(void *base, int bm, int volume, int32_t **ring) {
+  tsp_tile_smem t;
+  *ring = (int32_t *)base;
+  t.nb = nullptr;
+  t.groups = (uint32_t *)(*ring + TSP_STEPS_RING * bm);
+  t.list = (int32_t *)(t.groups + volume);
+  t.count = t.list + volume;
+  t.rows = t.count + 4;
+  return t;
+}
+
+/* Column j of the record (entries of list[j], -1 past count) into ring slot
+** j % TSP_STEPS_RING, by cp.async in the caller's group: BM / 4 16-byte
+** copies over the NT threads.  The entries land unchecked: the gather checks
+** each against [0, src_rows). */
+template <int BM, int NT>
+static __device__ __forceinline__ void tsp_steps_col_async(const int32_t *__restrict__ cols, int j, int32_t *ring,
+                                                           int tid) {
+#pragma unroll
+  for (int i = tid; i < BM / 4; i += NT)
+    tsp_cp_async16(ring + (j % TSP_STEPS_RING) * BM + 4 * i, cols + (int64_t)j * BM + 4 * i, true);
+}
+
+/* The ring variant's first phase: columns 0 and 1 by cp.async while the head
+** is copied, so a tile waits one memory round trip before its first gather;
+** ends with every copy landed and a __syncthreads().  Returns the record's
+** columns. */
+template <int BM, int NT>
+static __device__ __forceinline__ const int32_t *tsp_tile_ring_from_steps(const int32_t *__restrict__ steps,
+                                                                          int64_t row0, int volume, int64_t rows,
+                                                                          const tsp_tile_smem &t, int32_t *ring) {
+  const int tid = (int)threadIdx.x;
+  const int32_t *rec = steps + (row0 / BM) * tsp_steps_words(BM, volume);
+  const int32_t *cols = rec + tsp_steps_head_words(BM, volume);
+  for (int j = 0; j < TSP_STEPS_RING && j < volume; ++j) tsp_steps_col_async<BM, NT>(cols, j, ring, tid);
+  tsp_cp_async_commit();
+  tsp_steps_copy_head<BM, NT>(rec, volume, rows, t, tid);
+  tsp_cp_async_wait<0>();
+  __syncthreads();
+  return cols;
 }
 
 /* The map entry of tile row r for list index j (offset k = list[j]) in the

@@ -53,8 +53,9 @@ enum { WG_THREADS = 256 };
 
 /* MW: m64 blocks per warpgroup, so a tile has BM = 128 MW rows.  SW: the
 ** 128-byte swizzled layout (BK = 64), whose stages start 1024-byte aligned. */
-template <int MW, int BN, int BK, int STAGES, bool SW> static size_t wg_smem_bytes(int volume) {
-  return (size_t)STAGES * (128 * MW + BN) * BK * 2 + tsp_tile_smem_bytes(128 * MW, volume) +
+template <int MW, int BN, int BK, int STAGES, bool SW, bool RING = false> static size_t wg_smem_bytes(int volume) {
+  return (size_t)STAGES * (128 * MW + BN) * BK * 2 +
+         (RING ? tsp_tile_ring_smem_bytes(128 * MW, volume) : tsp_tile_smem_bytes(128 * MW, volume)) +
          (SW ? 1024 : 0);
 }
 
@@ -71,20 +72,28 @@ template <int MW, int BN, int BK, int STAGES, bool SW> static size_t wg_smem_byt
 ** reduction row j's 128 bytes at 128 j of its block, chunk q at chunk q ^ (j % 8)
 ** (wg_desc_sw128_mn), and wgmma reads it transposed (imm-trans-b).  A warp's
 ** copies still read 4 whole 128-byte row segments of w. */
-template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT>
-__global__ void __launch_bounds__(WG_THREADS)
-    wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
-                    const int32_t *__restrict__ map, const int32_t *__restrict__ order, const int32_t *__restrict__ plan_map,
-                    int64_t rows, int64_t tile_rows, uint64_t offsets, int volume, int red,
-                    int n, T *__restrict__ out, float *__restrict__ accum, int mode, int splits,
-                    const int32_t *__restrict__ plan_steps) {
+/* RING (wgmma_ring_kernel: tile TSP_TILE_RING with a step plan, one step
+** loaded ahead): the tile's map entries stay in the plan; each list index's
+** column is copied into a two-column ring in shared memory one step before
+** its gather (conv_tile.cuh tsp_tile_ring_*), so the block needs 13 KB less
+** shared memory at V = 27. */
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT, bool RING>
+static __device__ __forceinline__ void
+    wgmma_os_tile(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
+                  const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+                  const int32_t *__restrict__ plan_map, int64_t rows, int64_t tile_rows, uint64_t offsets,
+                  int volume, int red, int n, T *__restrict__ out, float *__restrict__ accum, int mode,
+                  int splits, const int32_t *__restrict__ plan_steps) {
   enum { BM = 128 * MW, NT = WG_THREADS, A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   static_assert(!SW || BK == 64, "the 128-byte swizzle holds rows of 64 16-bit elements");
   static_assert(!BT || SW, "MN-major weights come in the swizzled layout only");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T *s_a = (T *)(smem_raw + (SW ? (1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023 : 0));
   T *s_b = s_a + STAGES * A_STAGE;
-  const tsp_tile_smem tile = tsp_tile_smem_at(s_b + STAGES * B_STAGE, BM, volume);
+  static_assert(!RING || (!PIPE && STAGES == 2 && MW == 1), "the ring holds the column loaded and the next");
+  int32_t *s_ring = nullptr;
+  const tsp_tile_smem tile = RING ? tsp_tile_ring_at(s_b + STAGES * B_STAGE, BM, volume, &s_ring)
+                                  : tsp_tile_smem_at(s_b + STAGES * B_STAGE, BM, volume);
   const int32_t *s_list = tile.list, *s_rows = tile.rows;
   const uint32_t *s_groups = tile.groups;
 
@@ -95,7 +104,10 @@ __global__ void __launch_bounds__(WG_THREADS)
   tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
   const bool from_steps = plan_steps != nullptr; /* a step plan (conv_tile.cuh) */
-  if (from_steps)
+  const int32_t *cols = nullptr; /* RING: the record's columns */
+  if (RING)
+    cols = tsp_tile_ring_from_steps<BM, NT>(plan_steps, row0, volume, rows, tile, s_ring);
+  else if (from_steps)
     tsp_tile_from_steps<BM, NT>(plan_steps, row0, volume, rows, src_rows, tile);
   else
     tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
@@ -119,8 +131,9 @@ __global__ void __launch_bounds__(WG_THREADS)
       const int r = SW ? i >> 3 : (i / BK) * 8 + (i & 7);
       const int c = c0 + (SW ? i & 7 : (i >> 3) % (BK / 8)) * 8;
       if (!((used >> ((r >> 6) * 4)) & 0xFu)) continue;
-      const int32_t p = tsp_tile_entry(tile, from_steps, BM, volume, r, li, k);
-      const bool valid = p >= 0 && c < red;
+      const int32_t p =
+          RING ? s_ring[(li % TSP_STEPS_RING) * BM + r] : tsp_tile_entry(tile, from_steps, BM, volume, r, li, k);
+      const bool valid = p >= 0 && c < red && (!RING || p < src_rows);
       T *dst = SW ? a_dst + r * 64 + ((i ^ r) & 7) * 8 : a_dst + 8 * i;
       tsp_cp_async16(dst, valid ? src + (int64_t)p * red + c : src, valid);
     }
@@ -170,6 +183,9 @@ __global__ void __launch_bounds__(WG_THREADS)
     __syncthreads(); /* step's stage landed for all; the stage loaded next is free */
     if (step + AHEAD < steps) {
       load_step(load_li, load_c0, (step + AHEAD) % STAGES);
+      /* The next column goes to the slot of the one read before this step's
+      ** barrier; the barrier after the next wait finds it landed. */
+      if (RING && load_li + 1 < *tile.count) tsp_steps_col_async<BM, NT>(cols, load_li + 1, s_ring, tid);
       load_c0 += BK;
       if (load_c0 >= red) load_c0 = 0, ++load_li;
     }
@@ -267,6 +283,42 @@ __global__ void __launch_bounds__(WG_THREADS)
   });
 }
 
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT>
+__global__ void __launch_bounds__(WG_THREADS)
+    wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
+                    const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+                    const int32_t *__restrict__ plan_map, int64_t rows, int64_t tile_rows, uint64_t offsets,
+                    int volume, int red, int n, T *__restrict__ out, float *__restrict__ accum, int mode,
+                    int splits, const int32_t *__restrict__ plan_steps) {
+  wgmma_os_tile<T, MW, BN, BK, STAGES, PIPE, SW, BT, false>(src, src_rows, w, map, order, plan_map, rows, tile_rows,
+      offsets, volume, red, n, out, accum, mode, splits, plan_steps);
+}
+
+/* Tile TSP_TILE_RING at n <= 64 with a step plan: tile 13's shape with the
+** entries in a ring, four blocks per SM (50.7 KB of shared memory and at most
+** 64 registers a thread each; tile 13 holds the tile's BM x V entries, 64.8
+** KB, three blocks).  H100, lidar_198k at 0.05 m, fp16, main kernel us, tile
+** 13 -> this, three rounds each in one call (2026-11-27): down2 C = 64 fwd
+** 17.9 -> 17.2, dgrad 18.4 -> 17.4; down3 fwd 54.5 -> 54.7, dgrad 37.8 ->
+** 34.6; up2 fwd 21.5 -> 17.9, dgrad 16.2 -> 17.0; subm fwd 45.0 -> 48.5,
+** dgrad 45.3 -> 48.8.  More blocks pay where tiles are short (few offsets
+** per tile: their prologues and epilogues overlap), not on the submanifold
+** layer, so tile 0 stays 13 and the tuner picks this where it wins.  The ring
+** with three blocks per SM (74 registers) was slower than tile 13 at all
+** but up2's forward (subm fwd 46.1, down2 dgrad 20.5): a first gather one
+** round trip sooner does not pay for the per-step column copies. */
+enum { RING_BLOCKS = 4 };
+template <typename T, bool BT>
+__global__ void __launch_bounds__(WG_THREADS, RING_BLOCKS)
+    wgmma_ring_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
+                      const int32_t *__restrict__ map, const int32_t *__restrict__ order,
+                      const int32_t *__restrict__ plan_map, int64_t rows, int64_t tile_rows, uint64_t offsets,
+                      int volume, int red, int n, T *__restrict__ out, float *__restrict__ accum, int mode,
+                      int splits, const int32_t *__restrict__ plan_steps) {
+  wgmma_os_tile<T, 1, 64, 64, 2, false, true, BT, true>(src, src_rows, w, map, order, plan_map, rows, tile_rows,
+      offsets, volume, red, n, out, accum, mode, splits, plan_steps);
+}
+
 /* wt[k][j][c] = w[k][c][j]: forward's [red, n] weights made K-major.  A 32 x
 ** 32 tile per block through shared memory (blockIdx: n tile, red tile, k), so
 ** both the reads along w's rows and the writes along wt's are coalesced (a
@@ -286,17 +338,17 @@ __global__ void __launch_bounds__(WG_TR * WG_TR_ROWS)
 }
 
 template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false, bool SW = false,
-          bool BT = false>
+          bool BT = false, bool RING = false>
 static tsp_status launch_wgmma(const tsp_os_launch &a) {
-  const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES, SW>((int)a.volume);
+  const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES, SW, RING>((int)a.volume);
   static uint64_t smem_raised = 0;
-  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT>,
-                                      smem, &smem_raised, "tsp_conv_wgmma_os");
+  auto kernel = RING ? wgmma_ring_kernel<T, BT> : wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT>;
+  tsp_status s = tsp_raise_smem_limit((const void *)kernel, smem, &smem_raised, "tsp_conv_wgmma_os");
   if (s != TSP_OK) return s;
   const int64_t tiles = ((a.tile_rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);
   const int splits = a.splits > 1 ? a.splits : 1;
   if (tiles * splits > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT><<<(unsigned)(tiles * splits), WG_THREADS, smem, a.stream>>>(
+  kernel<<<(unsigned)(tiles * splits), WG_THREADS, smem, a.stream>>>(
       (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, nullptr /* plan_map: conv_tile.cuh */, a.rows, a.tile_rows,
       a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits,
       MW == 1 ? a.steps : nullptr);
@@ -315,7 +367,9 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
 **   9: as 8 with 4 stages and one step's wgmma kept in flight (PIPE);
 **  10: as 6 with 4 stages and PIPE;
 **  12, 13: 9 and 10 with both operands in the 128-byte swizzled layout (SW);
-**      13 at n <= 64 has 2 stages without PIPE instead (three blocks per SM).
+**      13 at n <= 64 has 2 stages without PIPE instead (three blocks per SM);
+**  18 (TSP_TILE_RING): 13, and at n <= 64 with a step plan wgmma_ring_kernel
+**      (four blocks per SM).
 ** Tile 9 moved 3.48 GB through L2 for one C = 256 forward on lidar_198k (ncu
 ** lts__t_bytes) in ~1000 us, and 6-10 all took about as long: a warp's copies
 ** read 64-byte halves of 8 rows, two L2 requests per 128-byte row segment.
@@ -344,7 +398,10 @@ template <typename T, bool BT> static tsp_status dispatch_swizzled(const tsp_os_
   if (tile == 12)
     return n <= 64 ? launch_wgmma<T, 2, 64, 64, 4, true, true, BT>(a)
                    : launch_wgmma<T, 2, 128, 64, 4, true, true, BT>(a);
-  if (n <= 64) return launch_wgmma<T, 1, 64, 64, 2, false, true, BT>(a); /* three blocks per SM */
+  if (n <= 64) /* three blocks per SM; four with a step plan's entries in a ring (wgmma_ring_kernel) */
+    return tile == TSP_TILE_RING && a.steps != nullptr && a.splits <= 1
+               ? launch_wgmma<T, 1, 64, 64, 2, false, true, BT, true>(a)
+               : launch_wgmma<T, 1, 64, 64, 2, false, true, BT>(a);
   if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true, true, BT>(a);
   return launch_wgmma<T, 1, 256, 64, 4, true, true, BT>(a);
 }
@@ -371,7 +428,7 @@ template <typename T> static tsp_status dispatch_wgmma(const tsp_os_launch &a, i
     if (n <= 64) return launch_wgmma<T, 1, 64, 64, 4, true>(a);
     if (n <= 128) return launch_wgmma<T, 1, 128, 64, 4, true>(a);
     return launch_wgmma<T, 1, 256, 64, 4, true>(a);
-  default: /* 12, 13 */
+  default: /* 12, 13, TSP_TILE_RING */
     return dispatch_swizzled<T, false>(a, tile);
   }
 }
@@ -401,7 +458,7 @@ tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int til
   return TSP_ERR_UNSUPPORTED;
 #else
   if (tsp_is_ws_tile(tile)) return tsp_conv_wgmma_ws_check(dtype, a, tile);
-  if (!wg_launch_ok(dtype, a) || tile < 6 || tile > 13 || tile == TSP_TILE_TF32)
+  if (!wg_launch_ok(dtype, a) || ((tile < 6 || tile > 13) && tile != TSP_TILE_RING) || tile == TSP_TILE_TF32)
     return TSP_ERR_UNSUPPORTED;
   if ((a->n > 256 && tile != 8 && tile != 9 && tile != 12) || (uintptr_t)a->w % 16 != 0)
     return TSP_ERR_UNSUPPORTED;
@@ -435,7 +492,9 @@ tsp_status tsp_conv_wgmma_weights(tsp_dtype dtype, const tsp_os_launch *a, void 
 #endif
 }
 
-int tsp_conv_wgmma_reads_mn(int tile) { return tile == 12 || tile == 13 || tsp_is_ws_tile(tile); }
+int tsp_conv_wgmma_reads_mn(int tile) {
+  return tile == 12 || tile == 13 || tile == TSP_TILE_RING || tsp_is_ws_tile(tile);
+}
 
 /* One launch; a->w is K-major ([volume, n, red]: k_major != 0), or for tiles
 ** 12-17 also the forward's [volume, red, n] (k_major == 0). */
