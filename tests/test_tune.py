@@ -75,6 +75,26 @@ def test_off_mode_uses_default(cache_dir):
     assert tune.choose_algo(x, kmap, torchsp.kmap.ConvGeometry(3), conv.weight) is None
 
 
+def test_env_mode_read_once_and_set_mode_wins(monkeypatch):
+    """$TORCHSP_TUNE gives the mode when set_mode() has not; it is read at the first call only
+    (os.environ.get of an unset variable cost ~1.6 us a layer call), and set_mode() overrides it."""
+    monkeypatch.setitem(tune._state, "mode", None)
+    monkeypatch.setitem(tune._state, "env_mode", tune._ENV_UNREAD)
+    monkeypatch.delenv("TORCHSP_TUNE", raising=False)
+    assert tune.get_mode("cuda") == "auto" and tune.get_mode("cpu") == "cache"
+    monkeypatch.setenv("TORCHSP_TUNE", "off")
+    assert tune.get_mode("cuda") == "auto"  # read at the first call: unset then
+    monkeypatch.setitem(tune._state, "env_mode", tune._ENV_UNREAD)
+    assert tune.get_mode("cuda") == "off" and tune.get_mode("cpu") == "off"
+    monkeypatch.setitem(tune._state, "mode", "cache")
+    assert tune.get_mode("cuda") == "cache"
+    x = _input()
+    conv = torchsp.nn.SparseConv3d(8, 4, 3).double()
+    kmap, *_ = torchsp.kmap.get_kernel_map(x, 3)
+    monkeypatch.setitem(tune._state, "mode", None)
+    assert tune.choose_algo(x, kmap, torchsp.kmap.ConvGeometry(3), conv.weight) is None  # "off"
+
+
 def test_candidate_rejected_when_output_differs(cache_dir, monkeypatch):
     # A candidate that computes something else must never be chosen, however fast.
     real = tune._tune_pass

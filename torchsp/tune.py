@@ -19,11 +19,12 @@ depends on channels and rows (TorchSparse++, Spira).  So torchsp measures.
   version, dtype, channels, kernel, stride and a bucket of the map's
   statistics (rows, mean neighbours per row).  Writers merge under a file
   lock and replace the file atomically.
-- Modes ($TORCHSP_TUNE or set_mode()): "auto" tunes an unseen signature on its
-  first call (default on CUDA), "cache" only reads cached choices (default on
-  CPU), "off" always uses the default dataflow.  Nothing is measured while
-  torch.compile traces, while TorchScript traces, or while autograd records a
-  graph that would be perturbed: those read the cache.
+- Modes ($TORCHSP_TUNE, read at the first layer call, or set_mode()): "auto"
+  tunes an unseen signature on its first call (default on CUDA), "cache" only
+  reads cached choices (default on CPU), "off" always uses the default
+  dataflow.  Nothing is measured while torch.compile traces, while TorchScript
+  traces, or while autograd records a graph that would be perturbed: those
+  read the cache.
 - With torch.use_deterministic_algorithms(True), only atomic-free candidates
   are eligible.
 - float32 on CUDA with torch.backends.cuda.matmul.allow_tf32 set (what
@@ -163,8 +164,9 @@ def register_candidates(device_type, pass_name, algos, nondeterministic=()):
 
 # ------------------------------------------------------------------ state ---
 
+_ENV_UNREAD = object()  # _state["env_mode"] before $TORCHSP_TUNE is read
 _state = {"mode": None, "choices": None, "verbose": True, "saved": [], "fixed": None, "seen": None,
-          "search": None, "stat_syncs": 0}
+          "search": None, "stat_syncs": 0, "env_mode": _ENV_UNREAD}
 # Per-layer candidates kept per pass (fastest first) for the end-to-end search: all of them, so
 # that the search can give every eligible dataflow to every layer (on the H100, 2026-11-23, a fixed
 # dataflow that was not among a layer's 6 fastest alone beat the tuned mix in MinkUNet).
@@ -211,7 +213,19 @@ def set_fixed(algo):
 
 
 def get_mode(device_type):
-    mode = _state["mode"] or os.environ.get("TORCHSP_TUNE")
+    """The tuning mode of a layer call on `device_type`: set_mode()'s, else $TORCHSP_TUNE, else
+    "auto" on CUDA and "cache" elsewhere.
+
+    $TORCHSP_TUNE is read once, at the first call: os.environ.get of an unset variable raises and
+    catches a KeyError inside, which cost ~1.6 us of Python on every default layer call (of the 3.0
+    us choose_algo took on the H100 machine's host, 2026-11-27).  set_mode() changes the mode at
+    any time.
+    """
+    mode = _state["mode"]
+    if mode is None:
+        mode = _state["env_mode"]
+        if mode is _ENV_UNREAD:
+            mode = _state["env_mode"] = os.environ.get("TORCHSP_TUNE")
     if mode:
         return mode
     return "auto" if device_type == "cuda" else "cache"
