@@ -333,7 +333,7 @@ def test_pingpong_refined_plan_few_tiles(voxel, c, tile):
 def test_ws_tiles_many_launches():
     """Tiles 14-17 take their tiles from a counter: the stream's own (csrc/shim_cuda.cpp
     stream_counter), zero at each launch because the launch before put it back to zero when its
-    last taker left (csrc/cuda/conv_wgmma_ws.cu ws_counter_leave), with no memset.  81 segments
+    last taker left (csrc/cuda/conv_wgmma_ws.cu ws_leave), with no memset.  81 segments
     (each offset alone, over each third of the mask-ordered rows: every (row, offset) pair summed
     once), so ~80 launches per pass, each of ~175 row tiles, more than the persistent grid's
     blocks, so the counter hands out tiles.  Whole sweep at 0.2 m (67k voxels), forward and dgrad

@@ -145,7 +145,7 @@ def test_step_plans(tile, cout):
     and a plan whose records are overwritten with wild words (offset lists, counts, rows and map
     entries out of range) runs without an access out of bounds."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=21)
-    w16, g16 = w16[:, :, :cout].contiguous(), g16[:, :cout].contiguous()  # Cout 128: tile 16 fits
+    w16, g16 = w16[:, :, :cout].contiguous(), g16[:, :cout].contiguous()  # 128: tile 16 fits; 64: 18's ring
     ref_y = ref_y[:, :cout]
     km = torchsp.kmap.get_kernel_map(x, 3)[0]
     n, n_t = km.nbmap.shape[0], km.nbmap_t.shape[0]
