@@ -275,6 +275,19 @@ def test_wgrad_rejects_bad_pair_list(bad, device):
     assert torch.equal(ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], pairs, starts), ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0]))
 
 
+@pytest.mark.parametrize("algo", [[0, 18, 0], ([0, 0, 0, 0], [0, 0, 0], [0, 0, 0, 0]), (1, 2),
+                                  [[0, 0, 0, 0]] * 2, [[0, 0, 0, 0]] * 4])
+def test_sparse_conv3d_bad_algo_shape(algo):
+    """An algo that is neither four ints nor three lists of four ints is a ValueError naming algo
+    (a three-element list of ints failed inside with "'int' object is not iterable")."""
+    c = random_coords(40, span=3, seed=5)
+    x = torchsp.SparseTensor(randn(c.shape[0], 8, dtype=torch.float64), c)
+    w = randn(27, 8, 8, dtype=torch.float64, seed=2)
+    with pytest.raises(ValueError, match="algo must be"):
+        torchsp.functional.sparse_conv3d(x, w, 3, algo=algo)
+    assert torchsp.functional.sparse_conv3d(x, w, 3, algo=([0, 0, 0, 0],) * 3).feats.shape == (c.shape[0], 8)
+
+
 @pytest.mark.parametrize("algo,match", [([5, 0, 0, 0], "dataflow"), ([-1, 0, 0, 0], "dataflow"),
                                         ([3, 0, 1, 0], "split"), ([3, 0, 17, 0], "split"),
                                         ([3, 0, 0, 0], "split"), ([4, 0, 0, -1], "threshold")],

@@ -60,9 +60,13 @@ def _resolve_algo(algo, feats=None):
             and isinstance(algo[3], int):  # spelled out: a generator costs ~0.3 us a call
         a = list(algo)
         return a, a, a
-    if len(algo) != 3:
+    try:  # the tuner's choices come this way on every default call: no per-element checks
+        out = tuple(list(a) for a in algo)
+    except TypeError:  # an element that is no sequence (three ints)
+        out = ()
+    if len(out) != 3 or len(out[0]) != 4 or len(out[1]) != 4 or len(out[2]) != 4:
         raise ValueError(f"algo must be None, [dataflow, tile, split, threshold] or three of those, got {algo!r}")
-    return tuple(list(a) for a in algo)
+    return out
 
 
 def _pointwise(feats, weight, bias):
