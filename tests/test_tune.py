@@ -171,6 +171,34 @@ def test_neighbour_buckets_that_agree_need_no_statistics(cache_dir):
     assert algo2 == [tune._choices()[key][p] for p in tune.PASSES]
 
 
+def test_memo_choice_checked_once(cache_dir):
+    """choose_algo's memo hands torchsp.functional a CheckedChoice, which it runs without
+    reshaping; the layer's output still matches the float64 reference.  A cache entry that is not
+    three lists of four ints (edited by hand) stays a plain list, so sparse_conv3d still checks it
+    and raises a ValueError naming algo."""
+    net, x = _net(), _input()
+    tune.tune(net, (x,), verbose=False, search=False)
+    tune.set_mode("cache")
+    geom = torchsp.kmap.ConvGeometry(3)
+    w = net[0].weight.detach()
+    fresh = torchsp.SparseTensor(x.feats.clone(), x.coords.clone())
+    kmap, *_ = torchsp.kmap.get_kernel_map(fresh, 3)
+    key = tune.signature(fresh.feats, kmap, geom, w)
+    algo = tune.choose_algo(fresh, kmap, geom, w)
+    assert type(algo) is tune.CheckedChoice and algo == [tune._choices()[key][p] for p in tune.PASSES]
+    y = torchsp.functional.sparse_conv3d(fresh, w, 3)
+    ref, _, _ = reference_conv3d(fresh.feats, fresh.coords, (1, 1, 1), w, 3)
+    assert torch.allclose(y.feats, ref, atol=1e-9)
+    for bad in ([0, 0, 0], [0, 0, 0, 0.5], (0, 0, 0, 0)):
+        tune._choices()[key] = dict(tune._choices()[key], fwd=bad)
+        tune._memo.clear()  # written behind the tuner's back
+        algo = tune.choose_algo(fresh, kmap, geom, w)
+        assert type(algo) is list, bad
+        if len(bad) != 4:
+            with pytest.raises(ValueError, match="algo must be"):
+                torchsp.functional.sparse_conv3d(fresh, w, 3)
+
+
 # ------------------------------------------------------------ end-to-end search ---
 
 def _fake_problem():

@@ -17,7 +17,7 @@ from ._tracing import tracing
 from .kmap import ConvGeometry, conv_geometry, get_kernel_map
 from .plan import pass_plan
 from .tensor import SparseTensor
-from .tune import choose_algo, default_algo
+from .tune import CheckedChoice, choose_algo, default_algo
 
 DEFAULT_ALGO = (0, 0, 0, 0)  # float32 CUDA features with tf32 allowed: tune.default_algo
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -52,10 +52,13 @@ def _autocast_dtype(device_type):
 def _resolve_algo(algo, feats=None):
     """(fwd, dgrad, wgrad) 4-lists from None (tune.default_algo(feats) for every pass, or
     DEFAULT_ALGO without feats), one 4-sequence for all passes, or three of them.  The three
-    may be one list: no caller mutates them."""
+    may be one list: no caller mutates them.  A torchsp.tune.CheckedChoice (the tuner's memo,
+    checked once) is returned as it is."""
     if algo is None:
         a = default_algo(feats) if feats is not None else list(DEFAULT_ALGO)
         return a, a, a
+    if algo.__class__ is CheckedChoice:  # the tuner's memo, checked when it was written
+        return algo
     if len(algo) == 4 and isinstance(algo[0], int) and isinstance(algo[1], int) and isinstance(algo[2], int) \
             and isinstance(algo[3], int):  # spelled out: a generator costs ~0.3 us a call
         a = list(algo)
