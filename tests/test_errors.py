@@ -288,6 +288,19 @@ def test_sparse_conv3d_bad_algo_shape(algo):
     assert torchsp.functional.sparse_conv3d(x, w, 3, algo=([0, 0, 0, 0],) * 3).feats.shape == (c.shape[0], 8)
 
 
+@pytest.mark.parametrize("bad", [0.5, "1", None])
+@pytest.mark.parametrize("grad", [False, True], ids=["gradless", "training"])
+def test_sparse_conv3d_algo_element_not_int(bad, grad):
+    """Three lists of four whose element is no integer: a ValueError naming algo on both eager
+    routes (pybind11 named only the entry, conv_fwd() or conv_train(), "incompatible function
+    arguments")."""
+    c = random_coords(40, span=3, seed=5)
+    x = torchsp.SparseTensor(randn(c.shape[0], 8, dtype=torch.float64), c)
+    w = randn(27, 8, 8, dtype=torch.float64, seed=2).requires_grad_(grad)
+    with torch.set_grad_enabled(grad), pytest.raises(ValueError, match="algo must hold integers"):
+        torchsp.functional.sparse_conv3d(x, w, 3, algo=([0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, bad]))
+
+
 @pytest.mark.parametrize("algo,match", [([5, 0, 0, 0], "dataflow"), ([-1, 0, 0, 0], "dataflow"),
                                         ([3, 0, 1, 0], "split"), ([3, 0, 17, 0], "split"),
                                         ([3, 0, 0, 0], "split"), ([4, 0, 0, -1], "threshold")],

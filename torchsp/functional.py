@@ -9,6 +9,8 @@
     C++ autograd node, torchsp._autograd.eager_conv) in training.
 """
 
+import operator
+
 import torch
 
 from . import _C
@@ -70,6 +72,17 @@ def _resolve_algo(algo, feats=None):
     if len(out) != 3 or len(out[0]) != 4 or len(out[1]) != 4 or len(out[2]) != 4:
         raise ValueError(f"algo must be None, [dataflow, tile, split, threshold] or three of those, got {algo!r}")
     return out
+
+
+def _check_algo_ints(algo, *passes):
+    """ValueError naming algo when an element of the resolved passes is no integer.  Called only
+    after an eager entry refused its arguments, so a well-formed call pays nothing for it."""
+    for a in passes:
+        for v in a:
+            try:
+                operator.index(v)
+            except TypeError:
+                raise ValueError(f"algo must hold integers [dataflow, tile, split, threshold], got {algo!r}") from None
 
 
 def _pointwise(feats, weight, bias):
@@ -144,9 +157,17 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     fwd, dgrad, wgrad = _resolve_algo(algo, feats)
     order, segs = pass_plan(kmap, "fwd", fwd, geom, feats.dtype)
     if _gradless(traced, feats, weight):  # _C.conv_fwd runs below the autograd key
-        y = _C.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, None, segs, [])
+        try:
+            y = _C.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, None, segs, [])
+        except TypeError:  # pybind11 names the entry, not the argument: an algo element that is no int?
+            _check_algo_ints(algo, fwd, dgrad, wgrad)
+            raise
     elif not traced and eager_ok(feats, weight):  # eager training call: torchsp._autograd's lean route
-        y = eager_conv(feats, weight, kmap, (fwd, dgrad, wgrad), order, segs, geom)
+        try:
+            y = eager_conv(feats, weight, kmap, (fwd, dgrad, wgrad), order, segs, geom)
+        except TypeError:
+            _check_algo_ints(algo, fwd, dgrad, wgrad)
+            raise
     else:
         order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype)
         y = torch.ops.torchsp.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, order_t,
