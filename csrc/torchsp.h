@@ -519,6 +519,12 @@ size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob);
 ** this adds wgrad's row-chunk partials and the pieces of its tensor-core
 ** kernels. */
 size_t tsp_conv_cuda_wgrad_workspace(const tsp_conv_problem *prob);
+/* Nonzero when the forward (dgrad == 0) or dgrad (dgrad != 0) pass of prob
+** may take tiles from a counter (tsp_conv_problem.tile_counter: tiles 14-17
+** with more row tiles than their persistent grid has blocks).  The shim looks
+** up its stream's counter for such a pass only: the lookup asks the driver
+** whether the stream is being captured (~0.4 us of an H100 host's time). */
+int tsp_conv_cuda_counts(const tsp_conv_problem *prob, int dgrad);
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
                              const int32_t *nbmap, void *y, void *workspace,
                              size_t workspace_bytes, tsp_cuda_stream stream);

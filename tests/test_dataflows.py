@@ -426,6 +426,38 @@ def test_ws_tiles_stream_counters(tile, c):
 
 
 @needs_cuda
+def test_stream_counter_only_for_counted_passes():
+    """The shim looks up its stream's tile counter (a cudaStreamIsCapturing query and a lock) only
+    for a pass whose blocks take tiles from it (tsp_conv_cuda_counts): never for tile 13 at 64
+    channels, once per pass for tile 15's counted sweep, which launches no memset (the stream's
+    counter is zero already).  Read from torch.profiler's CUDA runtime events (skipped where it
+    records none); both passes against the fp64 gather reference into NaN-poisoned memory."""
+    from torch.profiler import ProfilerActivity, profile
+    x, km, w, dy, want_y, want_dx = _scan_pass_case(0.2, 64)
+    order, order_t = km.order, km.order_t
+
+    def passes(a):
+        ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t)  # warm: lazy setup
+        ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t)
+        torch.cuda.synchronize()
+        _poison_cache()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            y = ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, order_t)
+            dx = ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t)
+            torch.cuda.synchronize()
+        assert rel_err(y, want_y) <= TOL[torch.float16], (a, rel_err(y, want_y))
+        assert rel_err(dx, want_dx) <= TOL[torch.float16], (a, rel_err(dx, want_dx))
+        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
+
+    names = passes([0, 13, 0, 0])
+    if not any(n.startswith("cudaLaunchKernel") for n in names):
+        pytest.skip("torch.profiler records no CUDA runtime calls here")
+    assert names.count("cudaStreamIsCapturing") == 0, names
+    names = passes([0, 15, 0, 0])  # ~525 row tiles: the blocks take tiles from the counter
+    assert names.count("cudaStreamIsCapturing") == 2, names
+    assert not any(n.startswith("cudaMemset") for n in names), names
+
+@needs_cuda
 @pytest.mark.parametrize("tile,wtile", [(15, 15), (16, 12)])
 def test_wgmma_sources_past_32_bit_offsets(tile, wtile):
     """Tiles 14-17 and the wgmma wgrad tiles address the rows they gather in 32-bit element

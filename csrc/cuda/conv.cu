@@ -251,6 +251,14 @@ static int segs_need_accum(const tsp_segment *segs, int n_segs) {
   return works > 1 || (works == 1 && !all_rows);
 }
 
+/* Whether one output-stationary pass's blocks take tiles from a counter:
+** output_stationary's test, with the tile it resolves for all the pass's
+** rows (no segment has more). */
+static int os_counts(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n) {
+  const int tile = resolve_tile(p->dtype, red, n, p->volume, rows, p->algo.tile);
+  return tsp_is_ws_tile(tile) && tsp_conv_wgmma_ws_counted(rows, n, tile, split_k(p->algo));
+}
+
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
 ** of w (tiles 6-10; 14-17: the blocks' tile counter), then
 ** fp32 partial sums: [rows, n] for segmented plans that need them
@@ -260,8 +268,7 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->volume, rows, p->algo.tile);
   if (tsp_is_ws_tile(tile))
-    bytes = p->tile_counter == NULL && tsp_conv_wgmma_ws_counted(rows, n, tile, split_k(p->algo))
-                ? WS_COUNTER_BYTES : 0;
+    bytes = p->tile_counter == NULL && os_counts(p, rows, red, n) ? WS_COUNTER_BYTES : 0;
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0 && segs_need_accum(segs, n_segs))
@@ -283,6 +290,11 @@ size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
   size_t bytes = os_workspace(prob, prob->n_out, prob->c_in, prob->c_out, prob->segs, prob->n_segs);
   const size_t dgrad = os_workspace(prob, prob->n_in, prob->c_out, prob->c_in, prob->segs_t, prob->n_segs_t);
   return dgrad > bytes ? dgrad : bytes;
+}
+
+int tsp_conv_cuda_counts(const tsp_conv_problem *prob, int dgrad) {
+  if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
+  return dgrad ? os_counts(prob, prob->n_in, prob->c_out, prob->c_in) : os_counts(prob, prob->n_out, prob->c_in, prob->c_out);
 }
 
 size_t tsp_conv_cuda_wgrad_workspace(const tsp_conv_problem *prob) {
