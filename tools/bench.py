@@ -13,7 +13,9 @@ Python call a user makes, median of --iters after --warmup; every implementation
 (torchsp's algos, the peers) is set up and checked first, then timed in --rounds interleaved
 rounds, and each number is the median of its rounds (the JSON keeps each round's):
   fwd      torchsp.functional.sparse_conv3d(x, w, K, stride=..., transposed=..., algo=...) under no_grad
-  fwd op   torch.ops.torchsp.conv_fwd(...) alone (the forward's GPU time where Python is the bound)
+  fwd op   torchsp._C.conv_fwd(...) alone: the op through the eager entry the no-grad call takes,
+           without the Python layer (close to the forward's GPU time where Python is the bound;
+           until session 49 torch.ops.torchsp.conv_fwd, which adds the op's Python autograd)
   dgrad    torch.ops.torchsp.conv_dgrad(dy, w, nbmap_t, algo)
   wgrad    torch.ops.torchsp.conv_wgrad(x, dy, nbmap, algo, pairs, starts) (the map's cached pair list)
   fwd+bwd  y = sparse_conv3d(...); y.feats.backward(dy)   (feats and weight require grad; their
@@ -328,10 +330,12 @@ def main():
                     conv(xf, wg).feats.backward(dy)
                 timers += [
                     (rec, "fwd_us", lambda conv=conv: conv(x.feats, w), False),
-                    # the op alone (no Python layer): where the Python call is CPU-bound, this
-                    # is the GPU time of the forward
-                    (rec, "fwd_op_us", lambda o=order, ot=order_t, sg=segs, st=segs_t, a=(fa, da, wa):
-                        torch.ops.torchsp.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, *a, o, ot, sg, st), False),
+                    # the op alone (no Python layer), through the eager entry sparse_conv3d's
+                    # no-grad call takes: torch.ops.torchsp.conv_fwd would add the op's registered
+                    # Python autograd (~20 us of the H100 machine's host, session 49), more than
+                    # the layer it stands for
+                    (rec, "fwd_op_us", lambda o=order, sg=segs, a=(fa, da, wa):
+                        torchsp._C.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, *a, o, None, sg, []), False),
                     (rec, "dgrad_us", lambda ot=order_t, st=segs_t, da=da:
                         torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, da, ot, st), False),
                     (rec, "wgrad_us", lambda pr=pairs, ps=starts, wa=wa:
