@@ -457,6 +457,7 @@ def test_stream_counter_only_for_counted_passes():
     assert names.count("cudaStreamIsCapturing") == 2, names
     assert not any(n.startswith("cudaMemset") for n in names), names
 
+
 @needs_cuda
 @pytest.mark.parametrize("tile,wtile", [(15, 15), (16, 12)])
 def test_wgmma_sources_past_32_bit_offsets(tile, wtile):

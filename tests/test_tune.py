@@ -174,8 +174,8 @@ def test_neighbour_buckets_that_agree_need_no_statistics(cache_dir):
 def test_memo_choice_checked_once(cache_dir):
     """choose_algo's memo hands torchsp.functional a CheckedChoice, which it runs without
     reshaping; the layer's output still matches the float64 reference.  A cache entry that is not
-    three lists of four ints (edited by hand) stays a plain list, so sparse_conv3d still checks it
-    and raises a ValueError naming algo."""
+    three lists of four ints (edited by hand) stays a plain list, which sparse_conv3d checks on
+    every call: a wrong length raises a ValueError naming algo."""
     net, x = _net(), _input()
     tune.tune(net, (x,), verbose=False, search=False)
     tune.set_mode("cache")

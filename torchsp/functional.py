@@ -82,7 +82,8 @@ def _check_algo_ints(algo, *passes):
             try:
                 operator.index(v)
             except TypeError:
-                raise ValueError(f"algo must hold integers [dataflow, tile, split, threshold], got {algo!r}") from None
+                raise ValueError(
+                    f"algo must hold integers [dataflow, tile, split, threshold], got {algo!r}") from None
 
 
 def _pointwise(feats, weight, bias):

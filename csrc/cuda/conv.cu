@@ -294,7 +294,8 @@ size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
 
 int tsp_conv_cuda_counts(const tsp_conv_problem *prob, int dgrad) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
-  return dgrad ? os_counts(prob, prob->n_in, prob->c_out, prob->c_in) : os_counts(prob, prob->n_out, prob->c_in, prob->c_out);
+  return dgrad ? os_counts(prob, prob->n_in, prob->c_out, prob->c_in)
+               : os_counts(prob, prob->n_out, prob->c_in, prob->c_out);
 }
 
 size_t tsp_conv_cuda_wgrad_workspace(const tsp_conv_problem *prob) {
