@@ -199,6 +199,33 @@ def test_memo_choice_checked_once(cache_dir):
                 torchsp.functional.sparse_conv3d(fresh, w, 3)
 
 
+def test_map_memo_follows_the_tuner(cache_dir):
+    """A KernelMap's own memo of choose_algo (KernelMap.tune_memo) answers repeat calls, and
+    never with a stale choice: a choice written since (the shared memo cleared) is read again, a
+    weight of other channel counts on the same map has an entry of its own, and set_mode applies
+    at once."""
+    net, x = _net(), _input()
+    tune.tune(net, (x,), verbose=False, search=False)
+    tune.set_mode("cache")
+    geom = torchsp.kmap.conv_geometry(3)
+    w = net[0].weight.detach()
+    fresh = torchsp.SparseTensor(x.feats.clone(), x.coords.clone())
+    kmap, *_ = torchsp.kmap.get_kernel_map(fresh, 3)
+    key = tune.signature(fresh.feats, kmap, geom, w)
+    first = tune.choose_algo(fresh, kmap, geom, w)
+    assert first is not None and tune.choose_algo(fresh, kmap, geom, w) is first
+    new_fwd = [1, 0, 0, 0] if first[0] != [1, 0, 0, 0] else [0, 0, 0, 0]
+    tune._choices()[key] = dict(tune._choices()[key], fwd=new_fwd)
+    tune._memo.clear()  # written behind the tuner's back, as tune() and choose_algo clear it
+    again = tune.choose_algo(fresh, kmap, geom, w)
+    assert again is not first and again[0] == new_fwd
+    wide = torch.zeros(27, 8, 24, dtype=w.dtype)  # no cached choice for 8 -> 24 channels
+    assert tune.choose_algo(fresh, kmap, geom, wide) is None
+    assert tune.choose_algo(fresh, kmap, geom, w)[0] == new_fwd
+    tune.set_mode("off")
+    assert tune.choose_algo(fresh, kmap, geom, w) is None
+
+
 # ------------------------------------------------------------ end-to-end search ---
 
 def _fake_problem():

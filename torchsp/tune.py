@@ -176,7 +176,22 @@ _RANKED_KEPT = 64
 # than the best, and their repeats were most of the per-layer tuning time.
 _PRUNE = 1.5
 _REPEAT = 5  # timed calls per candidate (median)
-_memo = {}  # choose_algo's (shape, rows bucket, mode) -> choice; cleared whenever a choice is written
+
+
+class _Memo(dict):
+    """choose_algo's memo: (device, dtype, tf32, Cin, Cout, geometry, rows bucket, mode) -> choice,
+    cleared whenever a choice is written.  Each KernelMap keeps a memo of its own in front of it
+    (KernelMap.tune_memo: its rows bucket and device are fixed, so a shorter key of objects that
+    hash fast), valid while its `gen` is this one's: clear() moves gen on."""
+    gen = 0
+
+    def clear(self):
+        self.gen += 1
+        super().clear()
+
+
+_memo = _Memo()
+_MAP_MEMO_MAX = 32  # entries of one KernelMap's memo (geometries are memoised objects: few per map)
 
 
 class CheckedChoice(list):
@@ -559,17 +574,31 @@ def choose_algo(input, kmap, geom, weight, force=False, traced=None):
     # Memo of the shape + rows-bucket lookup: building the string key costs ~25 us of
     # Python per layer call, 1-2 ms per forward of a 50-layer net (H100, 2026-11-23).  Its own
     # key is kept cheap too (choose_algo took ~7 us of the H100 host a call): a CUDA device by
-    # index, the dtype and tf32 switch as values, the rows bucket computed once per map.
+    # index, the dtype and tf32 switch as values, the rows bucket computed once per map.  In
+    # front of it the map's own memo (_Memo), whose key hashes faster still (the geometry by
+    # identity: conv_geometry memoises it): building and hashing memo_key was most of the ~2 us
+    # choose_algo took on the H100 machine's host (session 49).
     dtype = feats.dtype
-    memo_key = (feats.get_device() if is_cuda else feats.device, dtype,
-                dtype == torch.float32 and tf32_allowed(feats), weight.shape[1], weight.shape[2], geom.kernel_size,
-                geom.stride, geom.transposed, _rows_bucket(kmap), mode)
+    shape = weight.shape
+    tf32 = dtype is torch.float32 and tf32_allowed(feats)
+    local = getattr(kmap, "tune_memo", None)
+    if local is None or local.gen != _memo.gen:
+        local = kmap.tune_memo = _Memo()
+        local.gen = _memo.gen
+    map_key = (geom, dtype, tf32, shape[1], shape[2], mode)
+    hit = local.get(map_key)
+    if hit is not None:
+        return hit
+    memo_key = (feats.get_device() if is_cuda else feats.device, dtype, tf32, shape[1], shape[2],
+                geom.kernel_size, geom.stride, geom.transposed, _rows_bucket(kmap), mode)
     hit = _memo.get(memo_key)
     if hit is None:
         hit = _unique_rows_hit(feats, kmap, geom, weight)
         if hit is not None:
             hit = _memo[memo_key] = _checked(hit)
     if hit is not None:
+        if len(local) < _MAP_MEMO_MAX:
+            local[map_key] = hit
         return hit
     key = signature(feats, kmap, geom, weight)
     hit = _choices().get(key)
