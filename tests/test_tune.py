@@ -171,19 +171,25 @@ def test_neighbour_buckets_that_agree_need_no_statistics(cache_dir):
     assert algo2 == [tune._choices()[key][p] for p in tune.PASSES]
 
 
+def _tuned_first_layer():
+    """_net() tuned (per-layer phase) and the cache mode set; its first layer on a fresh copy of
+    _input() (new coordinate key, new map): (geom, weight, input, KernelMap, signature)."""
+    net, x = _net(), _input()
+    tune.tune(net, (x,), verbose=False, search=False)
+    tune.set_mode("cache")
+    geom = torchsp.kmap.conv_geometry(3)
+    w = net[0].weight.detach()
+    fresh = torchsp.SparseTensor(x.feats.clone(), x.coords.clone())
+    kmap, *_ = torchsp.kmap.get_kernel_map(fresh, 3)
+    return geom, w, fresh, kmap, tune.signature(fresh.feats, kmap, geom, w)
+
+
 def test_memo_choice_checked_once(cache_dir):
     """choose_algo's memo hands torchsp.functional a CheckedChoice, which it runs without
     reshaping; the layer's output still matches the float64 reference.  A cache entry that is not
     three lists of four ints (edited by hand) stays a plain list, which sparse_conv3d checks on
     every call: a wrong length raises a ValueError naming algo."""
-    net, x = _net(), _input()
-    tune.tune(net, (x,), verbose=False, search=False)
-    tune.set_mode("cache")
-    geom = torchsp.kmap.ConvGeometry(3)
-    w = net[0].weight.detach()
-    fresh = torchsp.SparseTensor(x.feats.clone(), x.coords.clone())
-    kmap, *_ = torchsp.kmap.get_kernel_map(fresh, 3)
-    key = tune.signature(fresh.feats, kmap, geom, w)
+    geom, w, fresh, kmap, key = _tuned_first_layer()
     algo = tune.choose_algo(fresh, kmap, geom, w)
     assert type(algo) is tune.CheckedChoice and algo == [tune._choices()[key][p] for p in tune.PASSES]
     y = torchsp.functional.sparse_conv3d(fresh, w, 3)
@@ -204,14 +210,7 @@ def test_map_memo_follows_the_tuner(cache_dir):
     never with a stale choice: a choice written since (the shared memo cleared) is read again, a
     weight of other channel counts on the same map has an entry of its own, and set_mode applies
     at once."""
-    net, x = _net(), _input()
-    tune.tune(net, (x,), verbose=False, search=False)
-    tune.set_mode("cache")
-    geom = torchsp.kmap.conv_geometry(3)
-    w = net[0].weight.detach()
-    fresh = torchsp.SparseTensor(x.feats.clone(), x.coords.clone())
-    kmap, *_ = torchsp.kmap.get_kernel_map(fresh, 3)
-    key = tune.signature(fresh.feats, kmap, geom, w)
+    geom, w, fresh, kmap, key = _tuned_first_layer()
     first = tune.choose_algo(fresh, kmap, geom, w)
     assert first is not None and tune.choose_algo(fresh, kmap, geom, w) is first
     new_fwd = [1, 0, 0, 0] if first[0] != [1, 0, 0, 0] else [0, 0, 0, 0]
