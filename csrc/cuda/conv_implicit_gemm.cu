@@ -98,44 +98,50 @@ __global__ void __launch_bounds__(CFG::THREADS)
   ** out-of-range channels zero-fill through 0-byte copies: no divergent branch between a
   ** copy and a shared store, as in wgrad's slab copies.  lidar_198k, C = 32, fp16, same
   ** run, two rounds (an H200 host, 2026-11-25): fwd 42.4 / 42.2 -> 39.9 / 40.1 us, dgrad
-  ** 42.2 / 42.3 -> 40.2 / 40.1. */
+  ** 42.2 / 42.3 -> 40.2 / 40.1.
+  ** Thread tid copies chunk aq = tid % CPR of A rows ar + RPP it (ar = tid / CPR), and
+  ** likewise for B, so a copy's shared address is the thread's own plus a constant of
+  ** the unrolled loop, and a gathered row's address one wide multiply-add of its map
+  ** entry (red2 < 2^31: tsp_conv_igemm_check); conv_wgmma.cu's lean loader says why.
+  ** H100, lidar_198k, fp16, main kernel us, three rounds each way in one call
+  ** (2026-11-27): tile 1 subm C = 32 fwd 49.8 -> 43.1, dgrad 49.6 -> 42.7; subm C = 64
+  ** fwd 75.0 -> 65.7, dgrad 79.0 -> 74.3.  Tile 0 at C = 32 (128 x 32, 63 registers
+  ** for four blocks an SM, where ptxas rebuilds addresses to stay under 64) within
+  ** 1.5%: fwd 25.9 -> 25.6, dgrad 26.5 -> 26.3. */
+  enum { CPR = BK / 8, RPP = NT / CPR, A_IT = BM / RPP };
+  enum { CPRB = CFG::TW ? BK / 8 : BN / 8, RPB = NT / CPRB, B_ROWS = CFG::B_ROWS, B_IT = (B_ROWS + RPB - 1) / RPB };
+  static_assert(NT % CPR == 0 && BM % RPP == 0 && RPP % 16 == 0, "whole rows a pass, whole 16-row groups");
+  static_assert(NT % CPRB == 0, "whole B rows a pass");
+  const int ar = tid / CPR, aq = tid % CPR, br = tid / CPRB, bq = tid % CPRB;
+  const uint32_t a_sm0 = tsp_smem_addr(s_a + ar * A_LD + aq * 8);
+  const uint32_t b_sm0 = tsp_smem_addr(s_b + br * B_LD + bq * 8);
+  const int red2 = 2 * red;
   auto load_step = [&](int li, int c0, int stage) {
     const int k = s_list[li];
     const uint32_t used = s_groups[k]; /* rows of other 16-row groups are never read (step 4) */
-    T *a_dst = s_a + stage * CFG::A_STAGE;
+    const int32_t *ent = from_steps ? tile.nb + li * BM + ar : tile.nb + ar * volume + k; /* row ar + RPP it: ent[it * es] */
+    const int es = from_steps ? RPP : RPP * volume;
+    const bool c_ok = c0 + aq * 8 < red;
+    const char *src_c = (const char *)(src + c0 + aq * 8);
+    const uint32_t a_sm = a_sm0 + (uint32_t)stage * (CFG::A_STAGE * 2);
 #pragma unroll
-    for (int it = 0; it < (BM * (BK / 8) + NT - 1) / NT; ++it) {
-      const int i = tid + it * NT;
-      if (i >= BM * (BK / 8)) break;
-      const int r = i / (BK / 8), c = c0 + (i % (BK / 8)) * 8;
-      if (!((used >> (r >> 4)) & 1u)) continue;
-      const int32_t p = tsp_tile_entry(tile, from_steps, BM, volume, r, li, k);
-      const bool valid = p >= 0 && c < red;
-      const T *g = valid ? src + (int64_t)p * red + c : src;
-      tsp_cp_async16_bytes(tsp_smem_addr(a_dst + r * A_LD + (i % (BK / 8)) * 8), g, valid ? 16u : 0u);
+    for (int it = 0; it < A_IT; ++it) {
+      if (!((used >> ((ar >> 4) + RPP / 16 * it)) & 1u)) continue;
+      const int32_t p = ent[it * es];
+      const bool valid = c_ok && p >= 0;
+      tsp_cp_async16_bytes(a_sm + it * RPP * A_LD * 2, valid ? src_c + (int64_t)p * red2 : (const char *)src,
+                           valid ? 16u : 0u);
     }
-    T *b_dst = s_b + stage * CFG::B_STAGE;
+    const uint32_t b_sm = b_sm0 + (uint32_t)stage * (CFG::B_STAGE * 2);
     const T *wk = w + (int64_t)k * red * n;
-    if (!CFG::TW) { /* W_k = w[k], [red, n]: BK rows of BN contiguous channels */
 #pragma unroll
-      for (int it = 0; it < (BK * (BN / 8) + NT - 1) / NT; ++it) {
-        const int i = tid + it * NT;
-        if (i >= BK * (BN / 8)) break;
-        const int r = i / (BN / 8), j = n0 + (i % (BN / 8)) * 8;
-        const bool valid = c0 + r < red && j < n;
-        const T *g = valid ? wk + (int64_t)(c0 + r) * n + j : w;
-        tsp_cp_async16_bytes(tsp_smem_addr(b_dst + r * B_LD + (i % (BN / 8)) * 8), g, valid ? 16u : 0u);
-      }
-    } else { /* W_k = w[k]^T, w[k] is [n, red]: BN rows of BK contiguous channels */
-#pragma unroll
-      for (int it = 0; it < (BN * (BK / 8) + NT - 1) / NT; ++it) {
-        const int i = tid + it * NT;
-        if (i >= BN * (BK / 8)) break;
-        const int r = i / (BK / 8), c = c0 + (i % (BK / 8)) * 8;
-        const bool valid = n0 + r < n && c < red;
-        const T *g = valid ? wk + (int64_t)(n0 + r) * red + c : w;
-        tsp_cp_async16_bytes(tsp_smem_addr(b_dst + r * B_LD + (i % (BK / 8)) * 8), g, valid ? 16u : 0u);
-      }
+    for (int it = 0; it < B_IT; ++it) {
+      const int r = br + RPB * it; /* shared row of B */
+      if (B_ROWS % RPB != 0 && r >= B_ROWS) break;
+      /* !TW: W_k = w[k], [red, n]: row c0 + r, channels n0 + 8 bq; TW: w[k] is [n, red]: row n0 + r, chunk c0 + 8 bq */
+      const bool valid = CFG::TW ? n0 + r < n && c0 + bq * 8 < red : c0 + r < red && n0 + bq * 8 < n;
+      const T *g = CFG::TW ? wk + (int64_t)(n0 + r) * red + c0 + bq * 8 : wk + (int64_t)(c0 + r) * n + n0 + bq * 8;
+      tsp_cp_async16_bytes(b_sm + it * RPB * B_LD * 2, valid ? g : w, valid ? 16u : 0u);
     }
   };
 
@@ -311,7 +317,7 @@ template <typename T, bool TW> static tsp_status dispatch_igemm(const tsp_os_lau
 tsp_status tsp_conv_igemm_check(tsp_dtype dtype, const tsp_os_launch *a) {
   if (dtype != TSP_FLOAT16 && dtype != TSP_BFLOAT16) return TSP_ERR_UNSUPPORTED;
   if (a->red % 8 != 0 || a->n % 8 != 0 || a->red <= 0 || a->n <= 0 ||
-      a->volume > TSP_IGEMM_MAX_VOLUME || a->red > 0x7fffffff || a->n > 0x7fffffff ||
+      a->volume > TSP_IGEMM_MAX_VOLUME || a->red > 0x3fffffff || a->n > 0x7fffffff ||
       a->src_rows > 0x7fffffff)
     return TSP_ERR_UNSUPPORTED;
   if (((uintptr_t)a->src | (uintptr_t)a->w) % 16 != 0 || (uintptr_t)a->out % 4 != 0)

@@ -59,6 +59,21 @@ static __device__ __forceinline__ void tsp_cp_async16(void *dst, const void *src
 #endif
 }
 
+/* tsp_cp_async16 at a shared-memory address (tsp_smem_addr): a kernel that
+** keeps its stages' addresses as 32-bit words adds a constant per copy
+** instead of converting a pointer (conv_wgmma.cu's lean loader). */
+static __device__ __forceinline__ void tsp_cp_async16_at(uint32_t dst, const void *src, bool valid) {
+#ifndef TSP_MMA_UNAVAILABLE
+  if (valid)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+  else
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
+#else
+  (void)dst, (void)src, (void)valid;
+  __trap();
+#endif
+}
+
 /* 16-byte cp.async to shared address dst reading `bytes` (16 or 0) of src and
 ** zero-filling the rest: a zero-size copy reads nothing but still lands, so a
 ** stage's copies need no branch (src must still be a valid global address). */

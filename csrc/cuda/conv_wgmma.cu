@@ -158,11 +158,82 @@ static __device__ __forceinline__ void
     }
   };
 
+  /* The lean loader (LEAN: MW == 1 with the swizzle, tile 13 and the ring).
+  ** Thread tid copies chunk tq = tid % 8 of rows tr + 32 it (tr = tid / 8) of
+  ** A and of B, and for both the chunk lands at the same byte of its 32-row
+  ** slab, sw_off + 4096 it: rows tr + 32 it share tr % 8, so the swizzle is a
+  ** constant of the thread, and so are the m64 block of a copy (it / 2) and
+  ** its stage address but for the stage's offset.  load_step rebuilt each of
+  ** these a copy: its 6 copies a step at C = 64 took ~240 of the step loop's
+  ** 349 instructions (cuobjdump, session-49 build), ~22 per gathered row
+  ** chunk, on kernels that Nsight Compute found issue-bound (58% of issue
+  ** slots busy, the integer pipe the busiest).  A gathered row's address is
+  ** one wide multiply-add of its map entry and the row's bytes (red2 < 2^31:
+  ** tsp_conv_wgmma_check).  The step loop: 349 -> 216 instructions, 80 -> 64
+  ** registers.  H100, lidar_198k, fp16, main kernel us, three rounds each way
+  ** in one call (2026-11-27), tile 13: subm C = 64 fwd 45.4 / 45.7 / 45.3 ->
+  ** 39.3 / 39.1 / 39.3, dgrad 45.6 -> 39.0; down3 fwd 54.7 -> 49.0, dgrad 38.0
+  ** -> 34.9; down2 fwd 18.0 -> 15.7, dgrad 18.4 -> 17.7; up2 fwd 21.6 -> 17.6,
+  ** dgrad 16.3 -> 15.4; subm C = 32 fwd 41.3 -> 36.3; subm C = 128 (BN = 128,
+  ** PIPE) fwd 180.8 -> 134.6, dgrad 186.9 -> 138.3.  Tile 18 (the ring): subm
+  ** C = 64 fwd 50.7 -> 39.4, dgrad 50.8 -> 39.2; down3 fwd 55.9 -> 46.2, dgrad
+  ** 35.0 -> 31.3; down2 fwd 17.4 -> 15.9; up2 fwd 18.0 -> 17.1, dgrad 17.1 ->
+  ** 15.7. */
+  enum { LEAN = MW == 1 && SW };
+  const int tr = tid >> 3, tq = tid & 7;
+  const uint32_t sw_off = (uint32_t)(tr * 128 + ((tq ^ tr) & 7) * 16);
+  const uint32_t a_sm0 = tsp_smem_addr(s_a) + sw_off, b_sm0 = tsp_smem_addr(s_b) + sw_off;
+  const int red2 = 2 * red, n2 = 2 * n;
+  auto load_lean = [&](int li, int c0, int stage) {
+    const int k = s_list[li];
+    const uint32_t used = s_groups[k]; /* m64 blocks with no row for k are skipped, never read */
+    /* Entry of row tr + 32 it: ent[it * es], in the layout the tile was built in. */
+    const int32_t *ent = RING         ? s_ring + (li % TSP_STEPS_RING) * BM + tr
+                         : from_steps ? tile.nb + li * BM + tr
+                                      : tile.nb + tr * volume + k;
+    const int es = RING || from_steps ? 32 : 32 * volume;
+    const bool c_ok = c0 + tq * 8 < red;
+    const char *src_c = (const char *)(src + c0 + tq * 8);
+    const uint32_t a_sm = a_sm0 + (uint32_t)stage * (A_STAGE * 2);
+#pragma unroll
+    for (int it = 0; it < BM * BK / 8 / NT; ++it) {
+      if (!((used >> (4 * (32 * it / 64))) & 0xFu)) continue;
+      const int32_t p = ent[it * es];
+      const bool valid = c_ok && p >= 0 && (!RING || p < src_rows);
+      tsp_cp_async16_at(a_sm + it * 4096, src_c + (int64_t)p * red2, valid);
+    }
+    const uint32_t b_sm = b_sm0 + (uint32_t)stage * (B_STAGE * 2);
+    if (BT) { /* copy it: reduction row c0 + tr + 32 (it % 2) of 64-channel block it / 2 */
+      const int col = n0 + tq * 8;
+      const char *wr = (const char *)(w + col) + ((int64_t)k * red + c0 + tr) * n2;
+#pragma unroll
+      for (int it = 0; it < BN / 32; ++it) {
+        const bool valid = c0 + tr + 32 * (it & 1) < red && col + 64 * (it >> 1) < n;
+        tsp_cp_async16_at(b_sm + it * 4096, wr + (int64_t)(it & 1) * 32 * n2 + (it >> 1) * 128, valid);
+      }
+    } else { /* copy it: produced channel n0 + tr + 32 it, reduction chunk tq */
+      const char *wr = (const char *)(w + c0 + tq * 8) + ((int64_t)k * n + n0 + tr) * red2;
+#pragma unroll
+      for (int it = 0; it < BN / 32; ++it)
+        tsp_cp_async16_at(b_sm + it * 4096, wr + (int64_t)it * 32 * red2, c_ok && n0 + tr + 32 * it < n);
+    }
+  };
+  auto load = [&](int li, int c0, int stage) {
+    if (LEAN)
+      load_lean(li, c0, stage);
+    else
+      load_step(li, c0, stage);
+  };
+
   float acc[MW][ACC];
 #pragma unroll
   for (int m = 0; m < MW; ++m)
 #pragma unroll
     for (int i = 0; i < ACC; ++i) acc[m][i] = 0.0f;
+
+  /* wgmma descriptors' low words of stage 0 (SW): this warpgroup's A rows, and B. */
+  const uint32_t a_lo0 = wg_desc_lo_sw128(s_a + MW * wg * 64 * BK);
+  const uint32_t b_lo0 = BT ? wg_desc_lo_sw128_mn(s_b, BK * 64 * 2) : wg_desc_lo_sw128(s_b);
 
   enum { AHEAD = PIPE ? STAGES - 2 : STAGES - 1 };
   static_assert(AHEAD >= 1, "PIPE needs at least 3 stages");
@@ -170,7 +241,7 @@ static __device__ __forceinline__ void
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
     if (s < steps) {
-      load_step(load_li, load_c0, s);
+      load(load_li, load_c0, s);
       load_c0 += BK;
       if (load_c0 >= red) load_c0 = 0, ++load_li;
     }
@@ -182,7 +253,7 @@ static __device__ __forceinline__ void
     proxy_fence();
     __syncthreads(); /* step's stage landed for all; the stage loaded next is free */
     if (step + AHEAD < steps) {
-      load_step(load_li, load_c0, (step + AHEAD) % STAGES);
+      load(load_li, load_c0, (step + AHEAD) % STAGES);
       /* The next column goes to the slot of the one read before this step's
       ** barrier; the barrier after the next wait finds it landed. */
       if (RING && load_li + 1 < *tile.count) tsp_steps_col_async<BM, NT>(cols, load_li + 1, s_ring, tid);
@@ -211,13 +282,15 @@ static __device__ __forceinline__ void
     const T *b_s = s_b + stage * B_STAGE;
     auto issue = [&](float(&d)[ACC], int m) {
       const T *a_s = s_a + stage * A_STAGE + (MW * wg + m) * 64 * BK;
+      /* SW: the descriptors' low words (conv_wgmma_util.cuh), stage 0's plus byte offsets >> 4 */
+      const uint32_t a_lo = a_lo0 + (uint32_t)(stage * A_STAGE + m * 64 * BK) / 8;
+      const uint32_t b_lo = b_lo0 + (uint32_t)(stage * B_STAGE) / 8;
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks) {
         if (BT) /* k16 slice ks: 16 reduction rows, 2048 bytes on; 64-channel blocks BK * 128 bytes apart */
-          wg_op<BN>::template run_bt<T>(d, wg_desc_sw128(a_s + ks * 16),
-                                        wg_desc_sw128_mn(b_s + ks * 16 * 64, BK * 64 * 2));
+          wg_op<BN>::template run_bt<T>(d, wg_desc_of_lo(a_lo + 2 * ks), wg_desc_of_lo(b_lo + 128 * ks));
         else if (SW)
-          wg_op<BN>::template run<T>(d, wg_desc_sw128(a_s + ks * 16), wg_desc_sw128(b_s + ks * 16));
+          wg_op<BN>::template run<T>(d, wg_desc_of_lo(a_lo + 2 * ks), wg_desc_of_lo(b_lo + 2 * ks));
         else
           wg_op<BN>::template run<T>(d, wg_desc(a_s + ks * 128, 128, 16 * BK),
                                      wg_desc(b_s + ks * 128, 128, 16 * BK));
@@ -462,6 +535,7 @@ tsp_status tsp_conv_wgmma_check(tsp_dtype dtype, const tsp_os_launch *a, int til
     return TSP_ERR_UNSUPPORTED;
   if ((a->n > 256 && tile != 8 && tile != 9 && tile != 12) || (uintptr_t)a->w % 16 != 0)
     return TSP_ERR_UNSUPPORTED;
+  if (a->red > 0x3fffffff) return TSP_ERR_UNSUPPORTED; /* the lean loader's row bytes 2 red fit an int */
   /* 256-row tiles with 4 stages of 128 columns leave room for the map rows of
   ** V <= 32 offsets in 227 KB of shared memory (wg_smem_bytes). */
   if ((tile == 9 || tile == 12) && a->n > 64 && a->volume > 32) return TSP_ERR_UNSUPPORTED;
