@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(CFG::THREADS)
   ** for four blocks an SM, where ptxas rebuilds addresses to stay under 64) within
   ** 1.5%: fwd 25.9 -> 25.6, dgrad 26.5 -> 26.3. */
   enum { CPR = BK / 8, RPP = NT / CPR, A_IT = BM / RPP };
-  enum { CPRB = CFG::TW ? BK / 8 : BN / 8, RPB = NT / CPRB, B_ROWS = CFG::B_ROWS, B_IT = (B_ROWS + RPB - 1) / RPB };
+  enum { CPRB = CFG::TW ? BK / 8 : BN / 8, RPB = NT / CPRB, B_ROWS = CFG::B_ROWS };
+  enum { B_IT = (B_ROWS + RPB - 1) / RPB };
   static_assert(NT % CPR == 0 && BM % RPP == 0 && RPP % 16 == 0, "whole rows a pass, whole 16-row groups");
   static_assert(NT % CPRB == 0, "whole B rows a pass");
   const int ar = tid / CPR, aq = tid % CPR, br = tid / CPRB, bq = tid % CPRB;
@@ -119,7 +120,8 @@ __global__ void __launch_bounds__(CFG::THREADS)
   auto load_step = [&](int li, int c0, int stage) {
     const int k = s_list[li];
     const uint32_t used = s_groups[k]; /* rows of other 16-row groups are never read (step 4) */
-    const int32_t *ent = from_steps ? tile.nb + li * BM + ar : tile.nb + ar * volume + k; /* row ar + RPP it: ent[it * es] */
+    /* Entry of row ar + RPP it: ent[it * es], in the layout the tile was built in. */
+    const int32_t *ent = from_steps ? tile.nb + li * BM + ar : tile.nb + ar * volume + k;
     const int es = from_steps ? RPP : RPP * volume;
     const bool c_ok = c0 + aq * 8 < red;
     const char *src_c = (const char *)(src + c0 + aq * 8);
@@ -138,7 +140,8 @@ __global__ void __launch_bounds__(CFG::THREADS)
     for (int it = 0; it < B_IT; ++it) {
       const int r = br + RPB * it; /* shared row of B */
       if (B_ROWS % RPB != 0 && r >= B_ROWS) break;
-      /* !TW: W_k = w[k], [red, n]: row c0 + r, channels n0 + 8 bq; TW: w[k] is [n, red]: row n0 + r, chunk c0 + 8 bq */
+      /* !TW: W_k = w[k], [red, n]: row c0 + r, channels n0 + 8 bq;
+      ** TW: w[k] is [n, red]: row n0 + r, reduction chunk c0 + 8 bq. */
       const bool valid = CFG::TW ? n0 + r < n && c0 + bq * 8 < red : c0 + r < red && n0 + bq * 8 < n;
       const T *g = CFG::TW ? wk + (int64_t)(n0 + r) * red + c0 + bq * 8 : wk + (int64_t)(c0 + r) * n + n0 + bq * 8;
       tsp_cp_async16_bytes(b_sm + it * RPB * B_LD * 2, valid ? g : w, valid ? 16u : 0u);
