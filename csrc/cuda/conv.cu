@@ -253,10 +253,13 @@ static int segs_need_accum(const tsp_segment *segs, int n_segs) {
 
 /* Whether one output-stationary pass's blocks take tiles from a counter:
 ** output_stationary's test, with the tile it resolves for all the pass's
-** rows (no segment has more). */
-static int os_counts(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n) {
-  const int tile = resolve_tile(p->dtype, red, n, p->volume, rows, p->algo.tile);
+** rows (no segment has more); os_counts_tile when the caller resolved it. */
+static int os_counts_tile(const tsp_conv_problem *p, int64_t rows, int64_t n, int tile) {
   return tsp_is_ws_tile(tile) && tsp_conv_wgmma_ws_counted(rows, n, tile, split_k(p->algo));
+}
+
+static int os_counts(const tsp_conv_problem *p, int64_t rows, int64_t red, int64_t n) {
+  return os_counts_tile(p, rows, n, resolve_tile(p->dtype, red, n, p->volume, rows, p->algo.tile));
 }
 
 /* Workspace of one output-stationary pass: the wgmma forward's K-major copy
@@ -268,7 +271,7 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
   size_t bytes = 0;
   const int tile = resolve_tile(p->dtype, red, n, p->volume, rows, p->algo.tile);
   if (tsp_is_ws_tile(tile))
-    bytes = p->tile_counter == NULL && os_counts(p, rows, red, n) ? WS_COUNTER_BYTES : 0;
+    bytes = p->tile_counter == NULL && os_counts_tile(p, rows, n, tile) ? WS_COUNTER_BYTES : 0;
   else if (is_wgmma_tile(tile) && !tsp_conv_wgmma_reads_mn(tile))
     bytes = align256(tsp_conv_wgmma_workspace(p->volume, p->c_in, p->c_out));
   if (n_segs > 0 && segs_need_accum(segs, n_segs))
