@@ -97,7 +97,10 @@ static __device__ __forceinline__ void
   const int32_t *s_list = tile.list, *s_rows = tile.rows;
   const uint32_t *s_groups = tile.groups;
 
-  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
+  /* wg through a shuffle: provably warp-uniform, so the wgmma descriptors built
+  ** from it stay in uniform registers (no R2UR per descriptor and step). */
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), lane = tid & 31,
+            wwarp = (tid >> 5) & 3;
   int64_t row0;
   int n0;
   int split; /* split-K: which run of the tile's offsets this block sums */
@@ -184,7 +187,7 @@ static __device__ __forceinline__ void
   const uint32_t sw_off = (uint32_t)(tr * 128 + ((tq ^ tr) & 7) * 16);
   const uint32_t a_sm0 = tsp_smem_addr(s_a) + sw_off, b_sm0 = tsp_smem_addr(s_b) + sw_off;
   const int red2 = 2 * red, n2 = 2 * n;
-  auto load_lean = [&](int li, int c0, int stage) {
+  auto load_lean = [&](int li, int c0, int stage) -> uint32_t {
     const int k = s_list[li];
     const uint32_t used = s_groups[k]; /* m64 blocks with no row for k are skipped, never read */
     /* Entry of row tr + 32 it: ent[it * es], in the layout the tile was built in. */
@@ -217,12 +220,13 @@ static __device__ __forceinline__ void
       for (int it = 0; it < BN / 32; ++it)
         tsp_cp_async16_at(b_sm + it * 4096, wr + (int64_t)it * 32 * red2, c_ok && n0 + tr + 32 * it < n);
     }
+    return used;
   };
-  auto load = [&](int li, int c0, int stage) {
-    if (LEAN)
-      load_lean(li, c0, stage);
-    else
-      load_step(li, c0, stage);
+  /* Returns the loaded step's groups word (LEAN), or 0 (the compute reads it from shared memory). */
+  auto load = [&](int li, int c0, int stage) -> uint32_t {
+    if (LEAN) return load_lean(li, c0, stage);
+    load_step(li, c0, stage);
+    return 0u;
   };
 
   float acc[MW][ACC];
@@ -238,10 +242,25 @@ static __device__ __forceinline__ void
   enum { AHEAD = PIPE ? STAGES - 2 : STAGES - 1 };
   static_assert(AHEAD >= 1, "PIPE needs at least 3 stages");
   int load_li = 0, load_c0 = 0, comp_li = 0, comp_c0 = 0;
+  /* LEAN: the groups words of the steps loaded ahead, oldest first, as the
+  ** loader read them: the compute then reads no list or groups word itself
+  ** (two dependent shared loads a step ahead of its wgmma).  With the
+  ** warp-uniform wg above, tile 13's step loop went 217 -> 188 SASS
+  ** instructions (no LDS, R2UR or descriptor moves left before the HGMMA;
+  ** cuobjdump, fp16 forward, 64 registers).  H100, lidar_198k, fp16, main
+  ** kernel us, two rounds each way in one call (2026-11-27): tile 13 subm C =
+  ** 64 fwd 39.1 -> 37.6, dgrad 39.1 -> 37.5; down3 fwd 49.0 -> 47.8, dgrad 35.0
+  ** -> 34.4; down2 and up2 within 2%; C = 128 (PIPE, two steps ahead) fwd 134.0
+  ** -> 124.7.  Tile 18: down3 fwd 46.2 -> 45.0, subm and up2 dgrad 1-2% slower.
+  ** Tried with it, not kept: the loader's per-thread pointers hoisted out of
+  ** the loop (185 instructions, but down2 / up2 5% slower: ptxas rebuilt them
+  ** anyway, and the tile set-up grew). */
+  uint32_t ahead[AHEAD];
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
+    ahead[s] = 0u;
     if (s < steps) {
-      load(load_li, load_c0, s);
+      ahead[s] = load(load_li, load_c0, s);
       load_c0 += BK;
       if (load_c0 >= red) load_c0 = 0, ++load_li;
     }
@@ -252,8 +271,9 @@ static __device__ __forceinline__ void
     tsp_cp_async_wait<AHEAD - 1>();
     proxy_fence();
     __syncthreads(); /* step's stage landed for all; the stage loaded next is free */
+    uint32_t loaded = 0u;
     if (step + AHEAD < steps) {
-      load(load_li, load_c0, (step + AHEAD) % STAGES);
+      loaded = load(load_li, load_c0, (step + AHEAD) % STAGES);
       /* The next column goes to the slot of the one read before this step's
       ** barrier; the barrier after the next wait finds it landed. */
       if (RING && load_li + 1 < *tile.count) tsp_steps_col_async<BM, NT>(cols, load_li + 1, s_ring, tid);
@@ -263,7 +283,10 @@ static __device__ __forceinline__ void
     tsp_cp_async_commit();
 
     const int stage = step % STAGES;
-    const uint32_t groups = s_groups[s_list[comp_li]];
+    const uint32_t groups = LEAN ? ahead[0] : s_groups[s_list[comp_li]];
+#pragma unroll
+    for (int s = 0; s + 1 < AHEAD; ++s) ahead[s] = ahead[s + 1];
+    ahead[AHEAD - 1] = loaded;
     comp_c0 += BK;
     if (comp_c0 >= red) comp_c0 = 0, ++comp_li;
     /* Warpgroup wg owns 16-row groups [4 MW wg, 4 MW (wg + 1)); m64 block m of it
@@ -356,8 +379,13 @@ static __device__ __forceinline__ void
   });
 }
 
+/* Tile 13 at n <= 64 keeps to 64 registers, so that a V = 8 pass (53.6 KB of
+** shared memory) runs four blocks per SM.  The landed code needs no more; a
+** try that hoisted the loader's pointers took 71 without this bound, and its
+** down2 dgrad / up2 fwd at C = 64 went 18.1 -> 20.1 / 18.6 -> 20.0 us against
+** the same code held to 64 (three blocks per SM instead of four, 2026-11-27). */
 template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT>
-__global__ void __launch_bounds__(WG_THREADS)
+__global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN == 64 ? 4 : 1)
     wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order,
                     const int32_t *__restrict__ plan_map, int64_t rows, int64_t tile_rows, uint64_t offsets,
