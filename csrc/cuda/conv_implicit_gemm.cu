@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(CFG::THREADS)
   const uint32_t a_sm0 = tsp_smem_addr(s_a + ar * A_LD + aq * 8);
   const uint32_t b_sm0 = tsp_smem_addr(s_b + br * B_LD + bq * 8);
   const int red2 = 2 * red;
-  auto load_step = [&](int li, int c0, int stage) {
+  /* Returns the step's 16-row-group word, which its compute reads (ahead[] below). */
+  auto load_step = [&](int li, int c0, int stage) -> uint32_t {
     const int k = s_list[li];
     const uint32_t used = s_groups[k]; /* rows of other 16-row groups are never read (step 4) */
     /* Entry of row ar + RPP it: ent[it * es], in the layout the tile was built in. */
@@ -146,6 +147,7 @@ __global__ void __launch_bounds__(CFG::THREADS)
       const T *g = CFG::TW ? wk + (int64_t)(n0 + r) * red + c0 + bq * 8 : wk + (int64_t)(c0 + r) * n + n0 + bq * 8;
       tsp_cp_async16_bytes(b_sm + it * RPB * B_LD * 2, valid ? g : w, valid ? 16u : 0u);
     }
+    return used;
   };
 
   float acc[MI][NI][4];
@@ -161,11 +163,20 @@ __global__ void __launch_bounds__(CFG::THREADS)
 
   /* (offset list index, first channel) of the next step to load and of the
   ** step being computed; advanced by counters, not divisions. */
-  int load_li = 0, load_c0 = 0, comp_li = 0, comp_c0 = 0;
+  int load_li = 0, load_c0 = 0;
+  /* The 16-row-group words of the steps loaded ahead, oldest first, as the
+  ** loader read them: the compute reads no list or groups word itself (two
+  ** dependent shared loads before its ldmatrix; conv_wgmma.cu does the same).
+  ** Tile 0 at C = 32 (128 x 32): step loop 183 -> 174 SASS instructions, still
+  ** 63 registers; H100, lidar_198k, fp16, main kernel us, three rounds each way
+  ** in one call (2026-11-27): fwd 25.6 -> 24.9, dgrad 26.2 -> 25.9; tile 1 fwd
+  ** 42.9 -> 42.4, dgrad 42.6 -> 42.1. */
+  uint32_t ahead[STAGES - 1];
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
+    ahead[s] = 0u;
     if (s < steps) {
-      load_step(load_li, load_c0, s);
+      ahead[s] = load_step(load_li, load_c0, s);
       load_c0 += BK;
       if (load_c0 >= red) load_c0 = 0, ++load_li;
     }
@@ -175,17 +186,19 @@ __global__ void __launch_bounds__(CFG::THREADS)
   for (int step = 0; step < steps; ++step) {
     tsp_cp_async_wait<STAGES - 2>();
     __syncthreads(); /* step's stage landed for all; stage (step-1) % STAGES is free */
+    uint32_t loaded = 0u;
     if (step + STAGES - 1 < steps) {
-      load_step(load_li, load_c0, (step + STAGES - 1) % STAGES);
+      loaded = load_step(load_li, load_c0, (step + STAGES - 1) % STAGES);
       load_c0 += BK;
       if (load_c0 >= red) load_c0 = 0, ++load_li;
     }
     tsp_cp_async_commit();
 
     const int stage = step % STAGES;
-    const uint32_t groups = s_groups[s_list[comp_li]];
-    comp_c0 += BK;
-    if (comp_c0 >= red) comp_c0 = 0, ++comp_li;
+    const uint32_t groups = ahead[0];
+#pragma unroll
+    for (int s = 0; s + 2 < STAGES; ++s) ahead[s] = ahead[s + 1];
+    ahead[STAGES - 2] = loaded;
     bool on[MI];
     bool any = false;
 #pragma unroll
