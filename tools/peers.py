@@ -8,7 +8,10 @@ bench.py can print the relative error against torchsp before timing.  (Until 202
 timed peer call included that reordering: a row gather of the output, of dy, and for 'up' of the
 input, which made the peers' times longer by tens of microseconds.)
 
-Peers (none is vendored; see .peers/BUILD_peers.sh, untracked, for how they are made importable):
+Peers (none is vendored; all untracked: until session 50 .peers/BUILD_peers.sh built them on the
+GPU machine; since session 51 FlexGEMM and TorchSparse++ are cross-built on the CPU machine for the
+device's torch into .peers/peers_so.txz, put on PYTHONPATH by `. .peers/env.sh`, see
+.peers/README_peers.txt):
   spconv       spconv 2.x (pip wheel spconv-cu12x): SubMConv3d / SparseConv3d / SparseInverseConv3d,
                weight [Cout, Kx, Ky, Kz, Cin]; regular strided convs cannot reuse their pairs in
                spconv, so their forward includes the pair build (noted in the table).

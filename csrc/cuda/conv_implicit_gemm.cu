@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(CFG::THREADS)
   const int warp_m = warp / CFG::WARPS_N, warp_n = warp % CFG::WARPS_N;
   const int wm0 = warp_m * CFG::WM, wn0 = warp_n * CFG::WN;
 
-  /* (offset list index, first channel) of the next step to load and of the
-  ** step being computed; advanced by counters, not divisions. */
+  /* (offset list index, first channel) of the next step to load; advanced by
+  ** counters, not divisions. */
   int load_li = 0, load_c0 = 0;
   /* The 16-row-group words of the steps loaded ahead, oldest first, as the
   ** loader read them: the compute reads no list or groups word itself (two
