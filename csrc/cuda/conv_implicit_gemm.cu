@@ -195,10 +195,7 @@ __global__ void __launch_bounds__(CFG::THREADS)
     tsp_cp_async_commit();
 
     const int stage = step % STAGES;
-    const uint32_t groups = ahead[0];
-#pragma unroll
-    for (int s = 0; s + 2 < STAGES; ++s) ahead[s] = ahead[s + 1];
-    ahead[STAGES - 2] = loaded;
+    const uint32_t groups = tsp_ahead_next(ahead, loaded);
     bool on[MI];
     bool any = false;
 #pragma unroll

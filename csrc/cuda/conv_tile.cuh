@@ -463,6 +463,18 @@ static __device__ __forceinline__ int32_t tsp_tile_entry(const tsp_tile_smem &t,
   return from_steps ? t.nb[j * bm + r] : t.nb[r * volume + k];
 }
 
+/* The groups words of the steps a kernel has loaded ahead, oldest first, as
+** its loader read them (conv_wgmma.cu, conv_implicit_gemm.cu): returns the
+** oldest, for the step about to be computed, and appends `in`, the word of
+** the step just loaded (0 when none was). */
+template <int N> static __device__ __forceinline__ uint32_t tsp_ahead_next(uint32_t (&q)[N], uint32_t in) {
+  const uint32_t oldest = q[0];
+#pragma unroll
+  for (int s = 0; s + 1 < N; ++s) q[s] = q[s + 1];
+  q[N - 1] = in;
+  return oldest;
+}
+
 /* The epilogues of a segmented pass run in two sweeps: first every
 ** read-back sum joins the accumulators (tsp_tile_read2, when
 ** tsp_tile_reads(mode): the fp32 partial sums, or for TSP_EPI_OUT_ADD the

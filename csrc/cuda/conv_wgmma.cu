@@ -283,10 +283,8 @@ static __device__ __forceinline__ void
     tsp_cp_async_commit();
 
     const int stage = step % STAGES;
-    const uint32_t groups = LEAN ? ahead[0] : s_groups[s_list[comp_li]];
-#pragma unroll
-    for (int s = 0; s + 1 < AHEAD; ++s) ahead[s] = ahead[s + 1];
-    ahead[AHEAD - 1] = loaded;
+    const uint32_t oldest = tsp_ahead_next(ahead, loaded);
+    const uint32_t groups = LEAN ? oldest : s_groups[s_list[comp_li]];
     comp_c0 += BK;
     if (comp_c0 >= red) comp_c0 = 0, ++comp_li;
     /* Warpgroup wg owns 16-row groups [4 MW wg, 4 MW (wg + 1)); m64 block m of it
