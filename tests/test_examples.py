@@ -74,6 +74,8 @@ def test_bench_tools_run_on_cpu():
                     "--autograd-single-thread")
     assert "torchsp auto" in out and "tuned fwd" in out and "# compact" in out
     assert "with .grad set to None before each call" in out and "backward on the calling thread" in out
+    pipelined = out.split("# pipelined")[1]  # timeit_pipelined's table, after the compact one
+    assert "subm3_c32" in pipelined and "fwd pipe" in out and "fb host" in out
     out = _run_tool("bench.py", "--device", "cpu", "--dtype", "fp32", "--voxel-scale", "20", "--iters", "1",
                     "--warmup", "0", "--peers", "none", "--layers", "down2_c64", "subm3_c32", "--algos", "0",
                     "--budget", "0")

@@ -23,6 +23,11 @@ rounds, and each number is the median of its rounds (the JSON keeps each round's
            as a training step's optimizer.zero_grad() does: every implementation alike; with
            --autograd-single-thread backward runs on the calling thread, not torch's CUDA worker
            thread, whose hand-offs the fwd+bwd time of a small layer can carry)
+  fwd pipe, fb pipe: the forward / fwd+bwd calls above issued --iters at a time back to back
+           between one pair of events (timeit_pipelined): a model's layers overlap the host's
+           work for one with the GPU's for the one before, so this is max(host, GPU) per call where
+           the columns above add the host's time to the kernels' whenever it is the longer;
+           fwd host / fb host beside them: the host's time per call in that loop
 Floor of a phase: max(F / PEAK, B / 3.0 TB/s), F = 2 * pairs * Cin * Cout (x3 for fwd+bwd),
 B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * N_out * V (x3 for fwd+bwd), e = element size,
 pairs = nbmap entries >= 0, PEAK = 790 TFLOP/s (fp16/bf16) or 438 (fp32, tf32).
@@ -138,6 +143,36 @@ def timeit(fn, iters, warmup, device):
             fn()
             times.append((time.perf_counter() - t) * 1e6)
     return statistics.median(times)
+
+
+def timeit_pipelined(fn, iters, warmup, device):
+    """(us per call, host us per call) of `iters` calls issued back to back between one pair of
+    CUDA events, after `warmup` calls and a synchronize.
+
+    Why: timeit's events around each call measure, wherever the host's part of a call (its
+    Python, launches, and the two event records, ~25 us on the H100 machine's host in session 52)
+    outlasts the GPU's, the host's time up to the last launch plus the kernels: the GPU idles at
+    each start event.  A model's forward issues its layers back to back, so each layer costs
+    max(host, GPU) there; this is that number, and the host time beside it says which bound it.
+    CPU: wall time per call, twice."""
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        us = (time.perf_counter() - t) / iters * 1e6
+        return us, us
+    torch.cuda.synchronize(device)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t = time.perf_counter()
+    s.record()
+    for _ in range(iters):
+        fn()
+    e.record()
+    host = (time.perf_counter() - t) / iters * 1e6
+    torch.cuda.synchronize(device)
+    return s.elapsed_time(e) * 1e3 / iters, host
 
 
 def parse_algo(spec):
@@ -274,7 +309,8 @@ def main():
         rows.append(rec)
         f = lambda k: f"{rec[k]:9.1f}" if rec.get(k) is not None else f"{'-':>9s}"  # noqa: E731
         print(f"{rec['layer']:11s} {rec['impl']:18s} {f('fwd_us')} {f('fwd_op_us')} {f('dgrad_us')} {f('wgrad_us')} "
-              f"{f('fwdbwd_us')}  {rec.get('err', ''):>9s} {rec.get('note', '')}", flush=True)
+              f"{f('fwdbwd_us')} {f('fwd_pipe_us')} {f('fwd_host_us')} {f('fwdbwd_pipe_us')} {f('fwdbwd_host_us')}  "
+              f"{rec.get('err', ''):>9s} {rec.get('note', '')}", flush=True)
 
     started = time.perf_counter()
     for i, (name, kind, K, cin, cout, vs) in enumerate(layers):
@@ -287,15 +323,17 @@ def main():
         print(f"\n## {name}: {kind} K={K} {cin}->{cout} at {vs * args.voxel_scale:g} m, N_in {sz['n_in']}, "
               f"N_out {sz['n_out']}, pairs {sz['pairs']} ({sz['pairs'] / max(sz['n_out'], 1):.1f}/row)")
         print(f"{'layer':11s} {'impl':18s} {'fwd us':>9s} {'fwd op':>9s} {'dgrad us':>9s} {'wgrad us':>9s} "
-              f"{'fwd+bwd':>9s}  {'rel err':>9s}")
+              f"{'fwd+bwd':>9s} {'fwd pipe':>9s} {'fwd host':>9s} {'fb pipe':>9s} {'fb host':>9s}  {'rel err':>9s}")
         base = dict(layer=name, kind=kind, K=K, Cin=cin, Cout=cout, voxel=vs * args.voxel_scale, **sz)
         emit(dict(base, impl="floor", fwd_us=fl["fwd"], fwd_op_us=fl["fwd"], dgrad_us=fl["dgrad"],
-                  wgrad_us=fl["wgrad"], fwdbwd_us=fl["fwdbwd"]))
+                  wgrad_us=fl["wgrad"], fwdbwd_us=fl["fwdbwd"], fwd_pipe_us=fl["fwd"],
+                  fwdbwd_pipe_us=fl["fwdbwd"]))
         g = torch.Generator(device="cpu").manual_seed(1)
         dy = torch.randn(sz["n_out"], cout, generator=g).to(device, dtype)
         y_ref = None
         # Set up and check every implementation first, then time them in interleaved rounds
-        # (timers: [rec, key, fn, grad]) so that a drift of the host or the clocks during the
+        # (timers: [rec, key, fn, grad]; a key ending in _pipe_us is timed by timeit_pipelined and
+        # also gives the _host_us key) so that a drift of the host or the clocks during the
         # layer falls on all of them alike; each number is the median of its rounds' medians.
         recs, timers = [], []
         for label, algo in algos:
@@ -340,7 +378,9 @@ def main():
                         torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, da, ot, st), False),
                     (rec, "wgrad_us", lambda pr=pairs, ps=starts, wa=wa:
                         torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, wa, pr, ps), False),
-                    (rec, "fwdbwd_us", fb, True)]
+                    (rec, "fwdbwd_us", fb, True),
+                    (rec, "fwd_pipe_us", lambda conv=conv: conv(x.feats, w), False),
+                    (rec, "fwdbwd_pipe_us", fb, True)]
             except Exception as e:  # noqa: BLE001
                 rec["note"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
         for p in peer_names:
@@ -361,7 +401,9 @@ def main():
                         xf.grad = pw.grad = None
                     pl.fwd_bwd(xf, pw, dy_peer)
                 timers += [(rec, "fwd_us", lambda pl=pl, fp=fp: pl.call(fp), False),
-                           (rec, "fwdbwd_us", peer_fb, True)]
+                           (rec, "fwdbwd_us", peer_fb, True),
+                           (rec, "fwd_pipe_us", lambda pl=pl, fp=fp: pl.call(fp), False),
+                           (rec, "fwdbwd_pipe_us", peer_fb, True)]
                 rec["note"] = pl.note
             except peerlib.PeerUnavailable as e:
                 rec["note"] = f"n/a ({e})"
@@ -375,9 +417,14 @@ def main():
                 if id(rec) in failed:
                     continue
                 try:
+                    rounds = rec.setdefault("rounds", {})
                     with torch.set_grad_enabled(grad):
-                        rec.setdefault("rounds", {}).setdefault(key, []).append(
-                            timeit(fn, args.iters, args.warmup, device))
+                        if key.endswith("_pipe_us"):
+                            us, host = timeit_pipelined(fn, args.iters, args.warmup, device)
+                            rounds.setdefault(key, []).append(us)
+                            rounds.setdefault(key[:-len("_pipe_us")] + "_host_us", []).append(host)
+                        else:
+                            rounds.setdefault(key, []).append(timeit(fn, args.iters, args.warmup, device))
                 except Exception as e:  # noqa: BLE001
                     failed.add(id(rec))
                     rec["note"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
@@ -419,6 +466,36 @@ def main():
               f"{s(bt and bt['fwd_us'] / fl['fwd_us'], 5)} {s(bp and bp['fwd_us'])} {(bp['impl'] if bp else '-'):>11s} "
               f"{s(bp and bt and bp['fwd_us'] / bt['fwd_us'], 7)} | {fl['fwdbwd_us']:8.1f} {s(btf, 8)} {s(bpf, 8)} "
               f"{s(bpf and btf and bpf / btf, 7)}")
+    compact_pipelined(rows)
+
+
+def compact_pipelined(rows):
+    """The compact table's pipelined twin: per layer, the best torchsp and best peer of
+    timeit_pipelined (calls back to back, as a model issues its layers), each beside its host
+    time per call; a host time close to its pipelined time marks a host-bound row."""
+    print("\n# pipelined (us per call, --iters calls back to back between two events; host = the host's "
+          "time per call; speedup = best peer / best torchsp)")
+    print(f"{'layer':11s} {'floor':>7s} {'torchsp':>9s} {'host':>7s} {'peer':>9s} {'host':>7s} {'which':>11s} "
+          f"{'speedup':>7s} | {'fb tsp':>8s} {'host':>7s} {'fb peer':>8s} {'host':>7s} {'speedup':>7s}")
+    s = lambda v, w=9: f"{v:{w}.1f}" if v is not None else f"{'-':>{w}s}"  # noqa: E731
+    for name in dict.fromkeys(r["layer"] for r in rows):
+        rs = [r for r in rows if r["layer"] == name]
+        fl = [r for r in rs if r["impl"] == "floor"][0]
+        best = {}
+        for side, pick in (("tsp", lambda r: r["impl"].startswith("torchsp ")),
+                           ("peer", lambda r: r["impl"] != "floor" and not r["impl"].startswith("torchsp "))):
+            for key in ("fwd", "fwdbwd"):
+                cand = [r for r in rs if pick(r) and r.get(key + "_pipe_us")]
+                best[side, key] = min(cand, key=lambda r: r[key + "_pipe_us"]) if cand else None
+        cols = []
+        for key, w in (("fwd", 9), ("fwdbwd", 8)):
+            t, p = best["tsp", key], best["peer", key]
+            tv, pv = t and t[key + "_pipe_us"], p and p[key + "_pipe_us"]
+            cols.append(f"{s(tv, w)} {s(t and t.get(key + '_host_us'), 7)} {s(pv, w)} "
+                        f"{s(p and p.get(key + '_host_us'), 7)}"
+                        + (f" {(p['impl'] if p else '-'):>11s}" if key == "fwd" else "")
+                        + f" {s(tv and pv and pv / tv, 7)}")
+        print(f"{name:11s} {fl['fwd_us']:7.1f} {cols[0]} | {cols[1]}")
 
 
 def plot(rows, path, env):
