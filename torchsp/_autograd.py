@@ -74,7 +74,7 @@ def eager_conv(feats, weight, kmap, algos, order, segs, geom):
     builds neither.
     """
     fwd, dgrad, wgrad = algos
-    order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype) if feats.requires_grad else (None, [])
+    order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype, False) if feats.requires_grad else (None, [])
     pairs = (wgrad_pair_list(kmap, wgrad, feats.dtype, feats.shape[1], weight.shape[2]) if weight.requires_grad
              else None)
     if pairs is not None and not pairs.built and capturing(feats):

@@ -217,7 +217,7 @@ def _build(kmap, which, algo, kernel_size, dilation, padding):
     return seq, segs + full
 
 
-def pass_plan(kmap, which, algo, geom, dtype=None):
+def pass_plan(kmap, which, algo, geom, dtype=None, traced=None):
     """(row list, segments) for the CUDA pass `which` ("fwd" or "dgrad") of `algo`.
 
     Args:
@@ -227,6 +227,8 @@ def pass_plan(kmap, which, algo, geom, dtype=None):
         dtype: the features' dtype, or None (taken as 16-bit); exact float32 and float64 run
             the plain pass (the segments steer tensor-core tiles only), float32 with tile
             TF32_TILE (tf32 tensor cores) runs the plan.
+        traced: torchsp._tracing.tracing() where the caller asked already (a layer call asks
+            once: each question costs ~0.5 us of the host); None asks here.
     Returns:
         (int32 tensor or None, list of ints): the `order` / `order_t` and `segs` / `segs_t`
         arguments of torch.ops.torchsp.conv_fwd; segs is [] for a plain pass, whose row list is
@@ -235,7 +237,7 @@ def pass_plan(kmap, which, algo, geom, dtype=None):
     order = kmap.order if which == "fwd" else kmap.order_t
     nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
     if (not segmented(algo) or not nb.is_cuda or nb.shape[1] > MAX_VOLUME or nb.shape[0] == 0
-            or not takes_segments(dtype, algo) or tracing()):
+            or not takes_segments(dtype, algo) or (tracing() if traced is None else traced)):
         return order, []
     # Dataflow 4 runs dataflow 1's plan (its grouping happens in the shim): one cache entry.
     key = (which, 1 if algo[0] == 4 else algo[0], algo[2] if algo[0] == 0 else 0,
