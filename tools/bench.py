@@ -150,7 +150,7 @@ def timeit_pipelined(fn, iters, warmup, device):
     CUDA events, after `warmup` calls and a synchronize.
 
     Why: timeit's events around each call measure, wherever the host's part of a call (its
-    Python, launches, and the two event records, ~25 us on the H100 machine's host in session 52)
+    Python, launches, and the two event records: 25-30 us on the H100 machine's host in session 52)
     outlasts the GPU's, the host's time up to the last launch plus the kernels: the GPU idles at
     each start event.  A model's forward issues its layers back to back, so each layer costs
     max(host, GPU) there; this is that number, and the host time beside it says which bound it.
