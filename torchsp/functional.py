@@ -43,9 +43,12 @@ def _gradless(traced, feats, weight):
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
-def _autocast_dtype(device_type):
-    """The autocast dtype active for `device_type`, or None (torch 2.4 .. 2.13 spellings)."""
-    if _any_autocast is not None and not _any_autocast():
+def _autocast_dtype(device_type, traced=False):
+    """The autocast dtype active for `device_type`, or None (torch 2.4 .. 2.13 spellings).
+    Traced code (traced=True) asks only the per-device question, as before session 52 (how
+    dynamo treats the one-call question is not checked on every supported torch); eager code
+    asks _any_autocast first."""
+    if not traced and _any_autocast is not None and not _any_autocast():
         return None
     try:
         enabled = torch.is_autocast_enabled(device_type)
@@ -135,7 +138,7 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
                                                        generative, rule)
     feats = input.feats
     # Under torch.autocast a sparse conv runs in the autocast dtype, as F.conv3d does.
-    amp = _autocast_dtype("cuda" if feats.is_cuda else feats.device.type)
+    amp = _autocast_dtype("cuda" if feats.is_cuda else feats.device.type, traced)
     if amp is not None and feats.dtype in _FLOATS and isinstance(weight, torch.Tensor) and weight.dtype in _FLOATS:
         feats, weight = feats.to(amp), weight.to(amp)
         bias = bias.to(amp) if bias is not None else None
