@@ -145,6 +145,16 @@ def timeit(fn, iters, warmup, device):
     return statistics.median(times)
 
 
+def is_torchsp(row):
+    """torchsp's rows are "torchsp <algo>"; a peer's name may start with the same letters
+    (torchsparse)."""
+    return row["impl"].startswith("torchsp ")
+
+
+def is_peer(row):
+    return row["impl"] != "floor" and not is_torchsp(row)
+
+
 def timeit_pipelined(fn, iters, warmup, device):
     """(us per call, host us per call) of `iters` calls issued back to back between one pair of
     CUDA events, after `warmup` calls and a synchronize.
@@ -366,8 +376,9 @@ def main():
                     if args.zero_grad:
                         xf.grad = wg.grad = None
                     conv(xf, wg).feats.backward(dy)
+                fwd = lambda conv=conv: conv(x.feats, w)  # noqa: E731
                 timers += [
-                    (rec, "fwd_us", lambda conv=conv: conv(x.feats, w), False),
+                    (rec, "fwd_us", fwd, False),
                     # the op alone (no Python layer), through the eager entry sparse_conv3d's
                     # no-grad call takes: torch.ops.torchsp.conv_fwd would add the op's registered
                     # Python autograd (~20 us of the H100 machine's host, session 49), more than
@@ -379,7 +390,7 @@ def main():
                     (rec, "wgrad_us", lambda pr=pairs, ps=starts, wa=wa:
                         torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, wa, pr, ps), False),
                     (rec, "fwdbwd_us", fb, True),
-                    (rec, "fwd_pipe_us", lambda conv=conv: conv(x.feats, w), False),
+                    (rec, "fwd_pipe_us", fwd, False),
                     (rec, "fwdbwd_pipe_us", fb, True)]
             except Exception as e:  # noqa: BLE001
                 rec["note"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
@@ -400,9 +411,10 @@ def main():
                     if args.zero_grad:
                         xf.grad = pw.grad = None
                     pl.fwd_bwd(xf, pw, dy_peer)
-                timers += [(rec, "fwd_us", lambda pl=pl, fp=fp: pl.call(fp), False),
+                peer_fwd = lambda pl=pl, fp=fp: pl.call(fp)  # noqa: E731
+                timers += [(rec, "fwd_us", peer_fwd, False),
                            (rec, "fwdbwd_us", peer_fb, True),
-                           (rec, "fwd_pipe_us", lambda pl=pl, fp=fp: pl.call(fp), False),
+                           (rec, "fwd_pipe_us", peer_fwd, False),
                            (rec, "fwdbwd_pipe_us", peer_fb, True)]
                 rec["note"] = pl.note
             except peerlib.PeerUnavailable as e:
@@ -453,10 +465,8 @@ def main():
     for name in dict.fromkeys(r["layer"] for r in rows):
         rs = [r for r in rows if r["layer"] == name]
         fl = [r for r in rs if r["impl"] == "floor"][0]
-        # torchsp's rows are "torchsp <algo>"; a peer's name may start with the same letters
-        # (torchsparse)
-        tsp = [r for r in rs if r["impl"].startswith("torchsp ") and r.get("fwd_us")]
-        prs = [r for r in rs if r["impl"] != "floor" and not r["impl"].startswith("torchsp ") and r.get("fwd_us")]
+        tsp = [r for r in rs if is_torchsp(r) and r.get("fwd_us")]
+        prs = [r for r in rs if is_peer(r) and r.get("fwd_us")]
         bt = min(tsp, key=lambda r: r["fwd_us"]) if tsp else None
         bp = min(prs, key=lambda r: r["fwd_us"]) if prs else None
         btf = min((r["fwdbwd_us"] for r in tsp if r.get("fwdbwd_us")), default=None)
@@ -482,8 +492,7 @@ def compact_pipelined(rows):
         rs = [r for r in rows if r["layer"] == name]
         fl = [r for r in rs if r["impl"] == "floor"][0]
         best = {}
-        for side, pick in (("tsp", lambda r: r["impl"].startswith("torchsp ")),
-                           ("peer", lambda r: r["impl"] != "floor" and not r["impl"].startswith("torchsp "))):
+        for side, pick in (("tsp", is_torchsp), ("peer", is_peer)):
             for key in ("fwd", "fwdbwd"):
                 cand = [r for r in rs if pick(r) and r.get(key + "_pipe_us")]
                 best[side, key] = min(cand, key=lambda r: r[key + "_pipe_us"]) if cand else None

@@ -162,9 +162,7 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
         # dgrad and wgrad).  Under torch.use_deterministic_algorithms cuBLAS may refuse (it wants
         # CUBLAS_WORKSPACE_CONFIG), so CUDA keeps the sparse path, whose sums are fixed.
         return _output(_pointwise(feats, weight, bias), input, input.coords, input.stride, input.coord_key, traced)
-    # get_kernel_map's eager memo, looked up here first: the call costs ~0.4 us of the host
-    hit = None if traced else input.cache.calls.get((input.coord_key, input.stride, geom.key()))
-    kmap, out_coords, out_stride, out_key = hit if hit is not None else get_kernel_map(input, geom, traced=traced)
+    kmap, out_coords, out_stride, out_key = get_kernel_map(input, geom, traced=traced)
     if algo is None:
         algo = choose_algo(input if feats is input.feats else input.replace(feats), kmap, geom, weight,
                            traced=traced)
