@@ -14,7 +14,9 @@ device's torch into .peers/peers_so.txz, put on PYTHONPATH by `. .peers/env.sh`,
 .peers/README_peers.txt):
   spconv       spconv 2.x (pip wheel spconv-cu12x): SubMConv3d / SparseConv3d / SparseInverseConv3d,
                weight [Cout, Kx, Ky, Kz, Cin]; regular strided convs cannot reuse their pairs in
-               spconv, so their forward includes the pair build (noted in the table).
+               spconv, so their forward includes the pair build (noted in the table).  Besides
+               its wheel and cumm's, spconv 2.3.8 imports lark, portalocker and termcolor (pure
+               Python; the GPU machine has none of them: session 53).
   flexgemm     FlexGEMM (Triton + small CUDA ext, built in place in .peers/fg_src by .peers/BUILD_peers.sh):
                sparse_submanifold_conv3d / sparse_conv3d with a cached neighbor map, weight
                [Cout, Kx, Ky, Kz, Cin]; no transposed conv ('up' emulated, see _flexgemm);

@@ -395,7 +395,14 @@ static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__r
   tsp_tile_sync<BAR, NT>();
 }
 
-/* The whole block copies its tile's record. */
+/* The whole block copies its tile's record.
+** Tried 2026-11-28 and not kept: each block of tile 13 prefetching into L2
+** (cp.async.bulk.prefetch.L2) the record of the block W blocks on.  Main
+** kernel us, H100, three rounds: W = 132 subm C = 64 fwd 40.6 -> 39.6, down3
+** 51.1 -> 49.4, but down2 18.8 -> 19.8 and up2 dgrad 17.7 -> 18.7; W = 396
+** subm and down3 within 1%, down2 and up2 2-4% slower.  (A no-work kernel of 1353 such record copies takes
+** 18.3 us against 4.3 without them, so the copies' latency is real, but the
+** other blocks of an SM hide most of it.) */
 template <int BM, int NT>
 static __device__ __forceinline__ void tsp_tile_from_steps(const int32_t *__restrict__ steps, int64_t row0,
                                                            int volume, int64_t rows, int64_t src_rows,
@@ -566,7 +573,13 @@ static __device__ __forceinline__ void tsp_tile_epilogue(int mode, T *__restrict
 ** of the row, s(r) = r % 8 when a row has 8 or more chunks and (r / 2) % 4 for
 ** BN = 32 (two rows per 128 bytes), so that neither the accumulator-order
 ** writes (8 consecutive rows x 4 lanes) nor the row-order reads (8
-** consecutive chunks per quarter warp) meet a bank twice. */
+** consecutive chunks per quarter warp) meet a bank twice.
+** Tried 2026-11-28 and not kept: streaming stores (__stcs, evict-first) in
+** tile 13.  Alone, as tools/kernel_times.py times it, down2 / up2 C = 64 fwd
+** went 16.2 -> 12.9 / 17.9 -> 15.3 us; but a subm C = 64 layer reading that
+** output next took ~3 us longer, and the pair in one CUDA graph went 71.0 ->
+** 70.2 / 63.8 -> 63.3 us (H100, three alternating rounds).  The output's
+** write-back cost moves to its reader. */
 template <int BN> static __device__ __forceinline__ int tsp_stage_swizzle(int r) {
   static_assert(BN % 32 == 0, "4 or more 16-byte chunks a row");
   return BN >= 64 ? r & 7 : (r >> 1) & 3;

@@ -405,7 +405,17 @@ __global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN == 64 ? 4 : 1)
 ** layer, so tile 0 stays 13 and the tuner picks this where it wins.  The ring
 ** with three blocks per SM (74 registers) was slower than tile 13 at all
 ** but up2's forward (subm fwd 46.1, down2 dgrad 20.5): a first gather one
-** round trip sooner does not pay for the per-step column copies. */
+** round trip sooner does not pay for the per-step column copies.
+** Tried 2026-11-28 and not kept (H100, lidar_198k, fp16, main kernel us, two
+** rounds, one call each; all passed test_dataflows' real-scan cases):
+**   - 3 stages with two steps loaded ahead (each column copied two steps
+**     before its gather, a 4-column ring; 75 KB without the 1024-byte pad,
+**     three blocks per SM at 75 registers): subm C = 64 fwd 37.6 against tile
+**     13's 37.5 and this kernel's 40.0; down2 fwd 16.9 / dgrad 19.9 against
+**     16.1 / 16.6; up2 fwd 20.4 against 17.1.  Loads further ahead do not
+**     pay: the C <= 64 steps are not waiting on one gather's latency;
+**   - 3 stages with one wgmma kept in flight (PIPE, one step ahead): subm
+**     C = 64 fwd 43.0 against tile 13's 39.4, down2 fwd 18.0 against 16.4. */
 enum { RING_BLOCKS = 4 };
 template <typename T, bool BT>
 __global__ void __launch_bounds__(WG_THREADS, RING_BLOCKS)
