@@ -400,9 +400,10 @@ static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__r
 ** (cp.async.bulk.prefetch.L2) the record of the block W blocks on.  Main
 ** kernel us, H100, three rounds: W = 132 subm C = 64 fwd 40.6 -> 39.6, down3
 ** 51.1 -> 49.4, but down2 18.8 -> 19.8 and up2 dgrad 17.7 -> 18.7; W = 396
-** subm and down3 within 1%, down2 and up2 2-4% slower.  (A no-work kernel of 1353 such record copies takes
-** 18.3 us against 4.3 without them, so the copies' latency is real, but the
-** other blocks of an SM hide most of it.) */
+** subm and down3 within 1%, down2 and up2 2-4% slower.  (A no-work kernel of
+** 1353 such record copies from DRAM takes 18.3 us against 4.3 without them:
+** the copies' latency is real, but the other blocks of an SM hide most of
+** it.) */
 template <int BM, int NT>
 static __device__ __forceinline__ void tsp_tile_from_steps(const int32_t *__restrict__ steps, int64_t row0,
                                                            int volume, int64_t rows, int64_t src_rows,

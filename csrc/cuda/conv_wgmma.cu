@@ -411,9 +411,9 @@ __global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN == 64 ? 4 : 1)
 **   - 3 stages with two steps loaded ahead (each column copied two steps
 **     before its gather, a 4-column ring; 75 KB without the 1024-byte pad,
 **     three blocks per SM at 75 registers): subm C = 64 fwd 37.6 against tile
-**     13's 37.5 and this kernel's 40.0; down2 fwd 16.9 / dgrad 19.9 against
-**     16.1 / 16.6; up2 fwd 20.4 against 17.1.  Loads further ahead do not
-**     pay: the C <= 64 steps are not waiting on one gather's latency;
+**     13's 37.5 and this kernel's 40.0; down2 fwd 16.9 / dgrad 19.9 and up2
+**     fwd 20.4 against this kernel's 16.1 / 16.6 and 17.1.  Loads further
+**     ahead do not pay: the C <= 64 steps do not wait on one gather's latency;
 **   - 3 stages with one wgmma kept in flight (PIPE, one step ahead): subm
 **     C = 64 fwd 43.0 against tile 13's 39.4, down2 fwd 18.0 against 16.4. */
 enum { RING_BLOCKS = 4 };
