@@ -155,6 +155,18 @@ def is_peer(row):
     return row["impl"] != "floor" and not is_torchsp(row)
 
 
+def layers_of(rows):
+    """(layer name, its rows, its floor row) per layer, in the order run: the compact tables' walk."""
+    for name in dict.fromkeys(r["layer"] for r in rows):
+        rs = [r for r in rows if r["layer"] == name]
+        yield name, rs, [r for r in rs if r["impl"] == "floor"][0]
+
+
+def num(v, w=9):
+    """v in a column of width w, one decimal, or '-' when there is none."""
+    return f"{v:{w}.1f}" if v is not None else f"{'-':>{w}s}"
+
+
 def timeit_pipelined(fn, iters, warmup, device):
     """(us per call, host us per call) of `iters` calls issued back to back between one pair of
     CUDA events, after `warmup` calls and a synchronize.
@@ -462,16 +474,14 @@ def main():
     print("\n# compact (us; fwd = forward with map cached; x = time / floor; speedup = best peer / best torchsp)")
     print(f"{'layer':11s} {'floor':>7s} {'torchsp':>9s} {'algo':>8s} {'x':>5s} {'peer':>9s} {'which':>11s} "
           f"{'speedup':>7s} | {'fb floor':>8s} {'fb tsp':>8s} {'fb peer':>8s} {'speedup':>7s}")
-    for name in dict.fromkeys(r["layer"] for r in rows):
-        rs = [r for r in rows if r["layer"] == name]
-        fl = [r for r in rs if r["impl"] == "floor"][0]
+    s = num
+    for name, rs, fl in layers_of(rows):
         tsp = [r for r in rs if is_torchsp(r) and r.get("fwd_us")]
         prs = [r for r in rs if is_peer(r) and r.get("fwd_us")]
         bt = min(tsp, key=lambda r: r["fwd_us"]) if tsp else None
         bp = min(prs, key=lambda r: r["fwd_us"]) if prs else None
         btf = min((r["fwdbwd_us"] for r in tsp if r.get("fwdbwd_us")), default=None)
         bpf = min((r["fwdbwd_us"] for r in prs if r.get("fwdbwd_us")), default=None)
-        s = lambda v, w=9: f"{v:{w}.1f}" if v is not None else f"{'-':>{w}s}"  # noqa: E731
         print(f"{name:11s} {fl['fwd_us']:7.1f} {s(bt and bt['fwd_us'])} {(bt['impl'][8:] if bt else '-'):>8s} "
               f"{s(bt and bt['fwd_us'] / fl['fwd_us'], 5)} {s(bp and bp['fwd_us'])} {(bp['impl'] if bp else '-'):>11s} "
               f"{s(bp and bt and bp['fwd_us'] / bt['fwd_us'], 7)} | {fl['fwdbwd_us']:8.1f} {s(btf, 8)} {s(bpf, 8)} "
@@ -487,10 +497,8 @@ def compact_pipelined(rows):
           "time per call; speedup = best peer / best torchsp)")
     print(f"{'layer':11s} {'floor':>7s} {'torchsp':>9s} {'host':>7s} {'peer':>9s} {'host':>7s} {'which':>11s} "
           f"{'speedup':>7s} | {'fb tsp':>8s} {'host':>7s} {'fb peer':>8s} {'host':>7s} {'speedup':>7s}")
-    s = lambda v, w=9: f"{v:{w}.1f}" if v is not None else f"{'-':>{w}s}"  # noqa: E731
-    for name in dict.fromkeys(r["layer"] for r in rows):
-        rs = [r for r in rows if r["layer"] == name]
-        fl = [r for r in rs if r["impl"] == "floor"][0]
+    s = num
+    for name, rs, fl in layers_of(rows):
         best = {}
         for side, pick in (("tsp", is_torchsp), ("peer", is_peer)):
             for key in ("fwd", "fwdbwd"):
