@@ -224,10 +224,13 @@ def _check_pass(x, w, dy, km, geom, a, want_y, want_dx, label, tol=None):
 
 
 @needs_cuda
-@pytest.mark.parametrize("cin,cout", [(16, 32), (64, 64), (96, 136), (128, 384), (256, 128)])
+@pytest.mark.parametrize("cin,cout", [(16, 32), (64, 64), (96, 136), (128, 384), (256, 128), (64, 32), (40, 128),
+                                      (128, 48), (48, 48)])
 def test_dataflow_real_scan(cin, cout):
     """A real LiDAR crop (submanifold 3x3x3 and stride-2 K=2): fwd and dgrad of every dataflow
-    against the fp64 gather reference on the reference kernel map, and bitwise stable run to run."""
+    against the fp64 gather reference on the reference kernel map, and bitwise stable run to run.
+    (64, 32), (40, 128), (128, 48) and (48, 48): tile 0 is a wgmma tile (13 where 32 <= n <= 64) for
+    red > 32 input channels and n >= 32 produced ones (conv.cu resolve_tile), mma.sync at red <= 32."""
     c = lidar_crop().cuda()
     dtype = torch.float16
     for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
@@ -251,6 +254,24 @@ def test_staged_epilogue_real_scan(k, c):
     x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, c, c, torch.float16)
     for tile in (0, 3, 13, 16, 17, 18):
         _check_pass(x, w, dy, km, geom, [0, tile, 0, 0], want_y, want_dx, tile)
+
+
+@needs_cuda
+@pytest.mark.parametrize("cin,cout", [(8, 64), (16, 8), (24, 32), (32, 16), (32, 40), (40, 24)])
+@pytest.mark.parametrize("k,stride", [(3, 1), (2, 2), (4, 1)])
+def test_packed_offsets_real_scan(cin, cout, k, stride):
+    """At red <= 32 channels (the forward's Cin, dgrad's Cout) the wgmma tile 13 packs 2, 4 or 8
+    offsets into one 64-deep K step (csrc/cuda/conv_wgmma.cu PACK): K rows of offset list
+    entries j, j + 1, ... side by side, weights likewise, a tail step with fewer entries.
+    Forward and dgrad on a real crop, plain (step plan), mask-split (entries listed per launch)
+    and split-K, against the fp64 gather reference into NaN-poisoned memory; 40 channels is the
+    unpacked neighbour.  A 4x4x4 kernel gives 64 offsets (an odd last step at P = 2 when a tile
+    uses an odd number)."""
+    geom = torchsp.kmap.ConvGeometry(k, stride)
+    x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, cin, cout,
+                                                                  torch.float16)
+    for a in ([0, 13, 0, 0], [0, 13, 2, 0], [3, 13, 3, 0]):
+        _check_pass(x, w, dy, km, geom, a, want_y, want_dx, (a, cin, cout))
 
 
 @needs_cuda

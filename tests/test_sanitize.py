@@ -135,6 +135,20 @@ def test_ws_tiles_many(tile):
         _assert_close(y, dx, ref.feats, ref_dx)
 
 
+def _run_wild_plans(x, w16, g16, km, a, seed):
+    """Forward and dgrad of algo `a` with km's step plans overwritten by wild words (offset lists,
+    counts, rows and map entries out of range) after each order's row part: the kernels must
+    check every word they read (no access out of bounds; the sums are not checked)."""
+    n, n_t = km.nbmap.shape[0], km.nbmap_t.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    wild, wild_t = km.order.clone(), km.order_t.clone()
+    for p, rows in ((wild, n), (wild_t, n_t)):
+        p[rows:] = torch.randint(-3000, 3 * n, (p.shape[0] - rows,), generator=g, dtype=torch.int32).cuda()
+    torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, wild, wild_t)
+    torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, wild_t)
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("tile,cout", [(3, 128), (13, 128), (13, 64), (15, 128), (16, 128), (17, 128), (18, 64)])
 def test_step_plans(tile, cout):
     """Step plans (torchsp.kmap.tile_order: the order a CUDA map carries; refined_plan: a reused
@@ -163,13 +177,34 @@ def test_step_plans(tile, cout):
     assert torch.equal(dx, torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, fine_t))
     ref_dx = torch.ops.torchsp.conv_dgrad(g16.double().cpu(), w16.double().cpu(), km.nbmap_t.cpu(), [0, 0, 0, 0])
     _assert_close(y, dx, ref_y, ref_dx)
-    g = torch.Generator().manual_seed(tile)
-    wild, wild_t = km.order.clone(), km.order_t.clone()
-    for p, rows in ((wild, n), (wild_t, n_t)):
-        p[rows:] = torch.randint(-3000, 3 * n, (p.shape[0] - rows,), generator=g, dtype=torch.int32).cuda()
-    torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, wild, wild_t)
-    torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, wild_t)
-    torch.cuda.synchronize()
+    _run_wild_plans(x, w16, g16, km, a, seed=tile)
+
+
+@pytest.mark.parametrize("cin,cout", [(8, 24), (16, 8), (24, 16), (32, 32)])
+def test_packed_offsets(cin, cout):
+    """Tile 13 at red <= 32 channels packs 8, 4 or 2 offsets into one K step (conv_wgmma.cu PACK;
+    red is the forward's Cin and dgrad's Cout) under the sanitizers: with the step plan, the bare
+    mask order (entries listed per launch) and a plan of wild words, fwd and dgrad against the
+    CPU float64 kernels."""
+    coords = _coords(900, seed=31)
+    feats = torch.randn(coords.shape[0], cin, dtype=torch.float64)
+    w = torch.randn(27, cin, cout, dtype=torch.float64) / 10
+    x_cpu = torchsp.SparseTensor(feats, coords)
+    km_cpu = torchsp.kmap.get_kernel_map(x_cpu, 3)[0]
+    ref_y = torch.ops.torchsp.conv_fwd(feats, w, km_cpu.nbmap, km_cpu.nbmap_t, [0, 0, 0, 0], [0, 0, 0, 0],
+                                       [0, 0, 0, 0], None, None)
+    g = torch.linspace(-1, 1, ref_y.numel(), dtype=torch.float64).reshape(ref_y.shape)
+    ref_dx = torch.ops.torchsp.conv_dgrad(g, w, km_cpu.nbmap_t, [0, 0, 0, 0], None)
+    x = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
+    w16, g16 = w.to("cuda", torch.float16), g.to("cuda", torch.float16)
+    km = torchsp.kmap.get_kernel_map(x, 3)[0]
+    n, n_t = km.nbmap.shape[0], km.nbmap_t.shape[0]
+    a = [0, 13, 0, 0]
+    for order, order_t in ((km.order, km.order_t), (km.order[:n].clone(), km.order_t[:n_t].clone())):
+        y = torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, order, order_t)
+        dx = torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, order_t)
+        _assert_close(y, dx, ref_y, ref_dx)
+    _run_wild_plans(x, w16, g16, km, a, seed=cin + cout)
 
 
 def test_tile_pack_windows():

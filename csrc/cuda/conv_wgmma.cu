@@ -77,7 +77,7 @@ template <int MW, int BN, int BK, int STAGES, bool SW, bool RING = false> static
 ** column is copied into a two-column ring in shared memory one step before
 ** its gather (conv_tile.cuh tsp_tile_ring_*), so the block needs 13 KB less
 ** shared memory at V = 27. */
-template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT, bool RING>
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT, bool RING, bool PACK>
 static __device__ __forceinline__ void
     wgmma_os_tile(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                   const int32_t *__restrict__ map, const int32_t *__restrict__ order,
@@ -91,6 +91,7 @@ static __device__ __forceinline__ void
   T *s_a = (T *)(smem_raw + (SW ? (1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023 : 0));
   T *s_b = s_a + STAGES * A_STAGE;
   static_assert(!RING || (!PIPE && STAGES == 2 && MW == 1), "the ring holds the column loaded and the next");
+  static_assert(!PACK || (MW == 1 && SW && !RING), "packed steps come with the lean loader, entries in shared memory");
   int32_t *s_ring = nullptr;
   const tsp_tile_smem tile = RING ? tsp_tile_ring_at(s_b + STAGES * B_STAGE, BM, volume, &s_ring)
                                   : tsp_tile_smem_at(s_b + STAGES * B_STAGE, BM, volume);
@@ -117,7 +118,19 @@ static __device__ __forceinline__ void
   accum = tsp_split_accum(accum, split, rows, n);
   if (tsp_tile_adds_nothing(mode, *tile.count)) return; /* block-uniform */
   const int chunks = (red + BK - 1) / BK;
-  const int steps = *tile.count * chunks;
+  /* PACK (tile 13 at red <= 32): one BK = 64 step holds P = 8 / cpo offsets,
+  ** cpo 16-byte chunks each (red rounded up to 8, 16 or 32 channels): K rows
+  ** [8 cpo s, 8 cpo (s + 1)) of step li are list entry P li + s, and the
+  ** weights' K rows likewise.  Without it a red = 32 step copies and
+  ** multiplies as many zeros as channels, and a tile walks twice the steps.
+  ** H100, lidar_198k, subm C = 32, fp16, main kernel us, two rounds each way
+  ** in one call (2026-11-28): fwd 34.3 -> 28.2, dgrad 34.2 -> 28.4.  The
+  ** mma.sync kernel (tile 0 at 32 input channels or fewer, BN = 32) took
+  ** 25.1 / 26.1 in the call before, so it stays the default there
+  ** (conv.cu resolve_tile); the tuner weighs both. */
+  const int gsh = !PACK ? 3 : red <= 8 ? 0 : red <= 16 ? 1 : 2; /* log2 cpo */
+  const int pk = 8 >> gsh;                                       /* P */
+  const int steps = PACK ? (*tile.count + pk - 1) / pk : *tile.count * chunks;
 
   /* Stage loader: chunk i of a stage (16 bytes) lands at element 8 i (file header).
   ** Tried, not kept: 0-byte cp.async zero fills instead of the branch to a shared store
@@ -188,15 +201,25 @@ static __device__ __forceinline__ void
   const uint32_t a_sm0 = tsp_smem_addr(s_a) + sw_off, b_sm0 = tsp_smem_addr(s_b) + sw_off;
   const int red2 = 2 * red, n2 = 2 * n;
   auto load_lean = [&](int li, int c0, int stage) -> uint32_t {
-    const int k = s_list[li];
-    const uint32_t used = s_groups[k]; /* m64 blocks with no row for k are skipped, never read */
+    /* PACK: step li's list entries are P li .. P li + P - 1; this thread's
+    ** chunk tq is chunk cq of entry j (k; absent past the count). */
+    const int count = *tile.count, cq = tq & ((1 << gsh) - 1);
+    const int j = PACK ? pk * li + (tq >> gsh) : li;
+    const bool has = !PACK || j < count;
+    const int jh = has ? j : 0; /* an entry past the count reads entry 0's row and copies zeros */
+    const int k = s_list[jh];
+    uint32_t used = s_groups[k]; /* m64 blocks with no row for k are skipped, never read */
+    if (PACK) {
+      used = 0u;
+      for (int s = pk * li; s < pk * li + pk && s < count; ++s) used |= s_groups[s_list[s]];
+    }
     /* Entry of row tr + 32 it: ent[it * es], in the layout the tile was built in. */
     const int32_t *ent = RING         ? s_ring + (li % TSP_STEPS_RING) * BM + tr
-                         : from_steps ? tile.nb + li * BM + tr
+                         : from_steps ? tile.nb + jh * BM + tr
                                       : tile.nb + tr * volume + k;
     const int es = RING || from_steps ? 32 : 32 * volume;
-    const bool c_ok = c0 + tq * 8 < red;
-    const char *src_c = (const char *)(src + c0 + tq * 8);
+    const bool c_ok = has && c0 + cq * 8 < red;
+    const char *src_c = (const char *)(src + c0 + cq * 8);
     const uint32_t a_sm = a_sm0 + (uint32_t)stage * (A_STAGE * 2);
 #pragma unroll
     for (int it = 0; it < BM * BK / 8 / NT; ++it) {
@@ -206,7 +229,17 @@ static __device__ __forceinline__ void
       tsp_cp_async16_at(a_sm + it * 4096, src_c + (int64_t)p * red2, valid);
     }
     const uint32_t b_sm = b_sm0 + (uint32_t)stage * (B_STAGE * 2);
-    if (BT) { /* copy it: reduction row c0 + tr + 32 (it % 2) of 64-channel block it / 2 */
+    if (BT && PACK) { /* copy it: K row rr = tr + 32 (it % 2), channel rr % 8 cpo of entry rr / 8 cpo */
+      const int col = n0 + tq * 8;
+#pragma unroll
+      for (int it = 0; it < BN / 32; ++it) {
+        const int rr = tr + 32 * (it & 1), jb = pk * li + (rr >> (gsh + 3)), cb = rr & ((8 << gsh) - 1);
+        const bool valid = jb < count && cb < red && col + 64 * (it >> 1) < n;
+        const int kb = s_list[valid ? jb : 0];
+        tsp_cp_async16_at(b_sm + it * 4096, (const char *)(w + col) + ((int64_t)kb * red + cb) * n2 + (it >> 1) * 128,
+                          valid);
+      }
+    } else if (BT) { /* copy it: reduction row c0 + tr + 32 (it % 2) of 64-channel block it / 2 */
       const int col = n0 + tq * 8;
       const char *wr = (const char *)(w + col) + ((int64_t)k * red + c0 + tr) * n2;
 #pragma unroll
@@ -214,8 +247,8 @@ static __device__ __forceinline__ void
         const bool valid = c0 + tr + 32 * (it & 1) < red && col + 64 * (it >> 1) < n;
         tsp_cp_async16_at(b_sm + it * 4096, wr + (int64_t)(it & 1) * 32 * n2 + (it >> 1) * 128, valid);
       }
-    } else { /* copy it: produced channel n0 + tr + 32 it, reduction chunk tq */
-      const char *wr = (const char *)(w + c0 + tq * 8) + ((int64_t)k * n + n0 + tr) * red2;
+    } else { /* copy it: produced channel n0 + tr + 32 it, reduction chunk cq of k (tq without PACK) */
+      const char *wr = (const char *)(w + c0 + cq * 8) + ((int64_t)k * n + n0 + tr) * red2;
 #pragma unroll
       for (int it = 0; it < BN / 32; ++it)
         tsp_cp_async16_at(b_sm + it * 4096, wr + (int64_t)it * 32 * red2, c_ok && n0 + tr + 32 * it < n);
@@ -382,15 +415,34 @@ static __device__ __forceinline__ void
 ** try that hoisted the loader's pointers took 71 without this bound, and its
 ** down2 dgrad / up2 fwd at C = 64 went 18.1 -> 20.1 / 18.6 -> 20.0 us against
 ** the same code held to 64 (three blocks per SM instead of four, 2026-11-27). */
-template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT>
+/* Tried 2026-11-28 and not kept (H100, lidar_198k, fp16, main kernel us, two
+** rounds each against tile 13 in the same call; both passed test_dataflows'
+** real-scan cases):
+**   - tile 13 on a persistent grid (three blocks per SM walking tiles t, t +
+**     grid, ...; the next tile's record head and first two columns loaded
+**     while a tile runs, its first gather issued before the epilogue; 74
+**     registers): subm C = 64 fwd 37.3 -> 51.0, down3 47.6 -> 62.5, down2
+**     15.5 -> 19.0; only up2 fwd (17.1 -> 15.6) and down2 dgrad (17.4 ->
+**     15.9) gained;
+**   - 64-row half tiles on one warpgroup (128 threads, 41.5 KB, five blocks
+**     per SM; block 2 t + h took half h of the plan's tile t and walked only
+**     the offsets its half uses), tried because Nsight Compute found tile
+**     13's warps stalled most at the step barrier (subm C = 64 fwd: 2.3
+**     warps per issued instruction, then long scoreboard 1.8, wait 1.8, short
+**     scoreboard 1.6; L2 48% and DRAM 28% of peak, issue slots 50% busy):
+**     subm C = 64 fwd 37.5 -> 50.9, down3 47.5 -> 59.7, down2 15.4 -> 19.4,
+**     up2 17.4 -> 18.8.  (It walked the tiles forward, not in tile 13's
+**     reverse order, so the longest tiles came last; a half tile also keeps
+**     half the bytes of a step in flight.) */
+template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT, bool PACK>
 __global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN == 64 ? 4 : 1)
     wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order,
                     const int32_t *__restrict__ plan_map, int64_t rows, int64_t tile_rows, uint64_t offsets,
                     int volume, int red, int n, T *__restrict__ out, float *__restrict__ accum, int mode,
                     int splits, const int32_t *__restrict__ plan_steps) {
-  wgmma_os_tile<T, MW, BN, BK, STAGES, PIPE, SW, BT, false>(src, src_rows, w, map, order, plan_map, rows, tile_rows,
-      offsets, volume, red, n, out, accum, mode, splits, plan_steps);
+  wgmma_os_tile<T, MW, BN, BK, STAGES, PIPE, SW, BT, false, PACK>(src, src_rows, w, map, order, plan_map, rows,
+      tile_rows, offsets, volume, red, n, out, accum, mode, splits, plan_steps);
 }
 
 /* Tile TSP_TILE_RING at n <= 64 with a step plan: tile 13's shape with the
@@ -424,7 +476,7 @@ __global__ void __launch_bounds__(WG_THREADS, RING_BLOCKS)
                       const int32_t *__restrict__ plan_map, int64_t rows, int64_t tile_rows, uint64_t offsets,
                       int volume, int red, int n, T *__restrict__ out, float *__restrict__ accum, int mode,
                       int splits, const int32_t *__restrict__ plan_steps) {
-  wgmma_os_tile<T, 1, 64, 64, 2, false, true, BT, true>(src, src_rows, w, map, order, plan_map, rows, tile_rows,
+  wgmma_os_tile<T, 1, 64, 64, 2, false, true, BT, true, false>(src, src_rows, w, map, order, plan_map, rows, tile_rows,
       offsets, volume, red, n, out, accum, mode, splits, plan_steps);
 }
 
@@ -447,11 +499,11 @@ __global__ void __launch_bounds__(WG_TR * WG_TR_ROWS)
 }
 
 template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false, bool SW = false,
-          bool BT = false, bool RING = false>
+          bool BT = false, bool RING = false, bool PACK = false>
 static tsp_status launch_wgmma(const tsp_os_launch &a) {
   const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES, SW, RING>((int)a.volume);
   static uint64_t smem_raised = 0;
-  auto kernel = RING ? wgmma_ring_kernel<T, BT> : wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT>;
+  auto kernel = RING ? wgmma_ring_kernel<T, BT> : wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT, PACK>;
   tsp_status s = tsp_raise_smem_limit((const void *)kernel, smem, &smem_raised, "tsp_conv_wgmma_os");
   if (s != TSP_OK) return s;
   const int64_t tiles = ((a.tile_rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);
@@ -507,6 +559,8 @@ template <typename T, bool BT> static tsp_status dispatch_swizzled(const tsp_os_
   if (tile == 12)
     return n <= 64 ? launch_wgmma<T, 2, 64, 64, 4, true, true, BT>(a)
                    : launch_wgmma<T, 2, 128, 64, 4, true, true, BT>(a);
+  if (n <= 64 && a.red <= 32 && tile == 13) /* 2, 4 or 8 offsets a K step (wgmma_os_tile's PACK) */
+    return launch_wgmma<T, 1, 64, 64, 2, false, true, BT, false, true>(a);
   if (n <= 64) /* three blocks per SM; four with a step plan's entries in a ring (wgmma_ring_kernel) */
     return tile == TSP_TILE_RING && a.steps != nullptr && a.splits <= 1
                ? launch_wgmma<T, 1, 64, 64, 2, false, true, BT, true>(a)
