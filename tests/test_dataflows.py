@@ -229,8 +229,9 @@ def _check_pass(x, w, dy, km, geom, a, want_y, want_dx, label, tol=None):
 def test_dataflow_real_scan(cin, cout):
     """A real LiDAR crop (submanifold 3x3x3 and stride-2 K=2): fwd and dgrad of every dataflow
     against the fp64 gather reference on the reference kernel map, and bitwise stable run to run.
-    (64, 32), (40, 128), (128, 48) and (48, 48): tile 0 is a wgmma tile (13 where 32 <= n <= 64) for
-    red > 32 input channels and n >= 32 produced ones (conv.cu resolve_tile), mma.sync at red <= 32."""
+    (64, 32), (40, 128), (128, 48) and (48, 48): tile 0 is a wgmma tile (13 where 32 <= n <= 64)
+    where a pass reduces over red > 32 channels and produces n >= 32 (conv.cu resolve_tile), and
+    mma.sync at red <= 32."""
     c = lidar_crop().cuda()
     dtype = torch.float16
     for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
@@ -265,8 +266,8 @@ def test_packed_offsets_real_scan(cin, cout, k, stride):
     entries j, j + 1, ... side by side, weights likewise, a tail step with fewer entries.
     Forward and dgrad on a real crop, plain (step plan), mask-split (entries listed per launch)
     and split-K, against the fp64 gather reference into NaN-poisoned memory; 40 channels is the
-    unpacked neighbour.  A 4x4x4 kernel gives 64 offsets (an odd last step at P = 2 when a tile
-    uses an odd number)."""
+    unpacked neighbour.  A tile whose offset count is no multiple of P ends on a step with fewer
+    entries; a 4x4x4 kernel lists up to 64 offsets."""
     geom = torchsp.kmap.ConvGeometry(k, stride)
     x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, cin, cout,
                                                                   torch.float16)
