@@ -204,9 +204,9 @@ enum { FEW_ROW_TILES_PER_SM = 2 };
 static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int64_t volume, int64_t rows, int tile) {
   if (tile != 0 || !fast_dtype(dtype) || red <= 32 || n < 32 || !tsp_conv_wgmma_available())
     return tile;
-  if (n < 64) return 13;
+  if (n <= 64) return 13;
   const int64_t row_tiles = (rows + 127) / 128, sms = tsp_device_sms();
-  if (n == 64 || !tsp_conv_wgmma_pingpong_fits(n, volume)) return n > 64 ? 15 : 13;
+  if (!tsp_conv_wgmma_pingpong_fits(n, volume)) return 15;
   if (n > 128 && row_tiles > FEW_ROW_TILES_PER_SM * sms) return 15;
   return row_tiles * ((n + 127) / 128) * 2 <= sms ? 17 : 16;
 }

@@ -208,11 +208,9 @@ static __device__ __forceinline__ void
     const bool has = !PACK || j < count;
     const int jh = has ? j : 0; /* an entry past the count reads entry 0's row and copies zeros */
     const int k = s_list[jh];
-    uint32_t used = s_groups[k]; /* m64 blocks with no row for k are skipped, never read */
-    if (PACK) {
-      used = 0u;
-      for (int s = pk * li; s < pk * li + pk && s < count; ++s) used |= s_groups[s_list[s]];
-    }
+    /* m64 blocks with no row for the step's offsets are skipped, never read */
+    uint32_t used = PACK ? 0u : s_groups[k];
+    for (int s = pk * li; PACK && s < pk * li + pk && s < count; ++s) used |= s_groups[s_list[s]];
     /* Entry of row tr + 32 it: ent[it * es], in the layout the tile was built in. */
     const int32_t *ent = RING         ? s_ring + (li % TSP_STEPS_RING) * BM + tr
                          : from_steps ? tile.nb + jh * BM + tr
