@@ -275,6 +275,25 @@ def test_packed_offsets_real_scan(cin, cout, k, stride):
         _check_pass(x, w, dy, km, geom, a, want_y, want_dx, (a, cin, cout))
 
 
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cin,cout", [(64, 32), (32, 64), (96, 24), (16, 16), (32, 32), (8, 40)])
+def test_narrow_columns_real_scan(cin, cout, dtype):
+    """At n <= 32 produced channels (the forward's Cout, dgrad's Cin) tile 13 runs 32-column tiles
+    on m64n32 wgmma (csrc/cuda/conv_wgmma.cu BN = 32): the forward's weights in the 64-byte
+    swizzle (wg_desc_sw64_of_lo), dgrad's K-major, packed steps at red <= 32 and one or two
+    64-deep chunks a step above (96); 24, 16 and 8 columns leave part of the tile past n.  Tile 0
+    takes it where the pass has more than 8 offsets (conv.cu resolve_tile).  Forward and dgrad,
+    fp16 and bf16, submanifold 3x3x3 and stride-2 K=2, plain (step plan), mask splits (their
+    epilogues add partial sums) and split-K, against the fp64 gather reference into
+    NaN-poisoned memory."""
+    c = lidar_crop().cuda()
+    for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
+        x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(c, geom, cin, cout, dtype)
+        for a in ([0, 0, 0, 0], [0, 13, 0, 0], [0, 13, 2, 0], [3, 13, 3, 0]):
+            _check_pass(x, w, dy, km, geom, a, want_y, want_dx, (a, cin, cout, geom.kernel_size))
+
 @needs_cuda
 @pytest.mark.parametrize("cin,cout", [(64, 64), (72, 136), (128, 256)])
 def test_ws_tiles_whole_scan(cin, cout):

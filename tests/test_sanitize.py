@@ -180,10 +180,11 @@ def test_step_plans(tile, cout):
     _run_wild_plans(x, w16, g16, km, a, seed=tile)
 
 
-@pytest.mark.parametrize("cin,cout", [(8, 24), (16, 8), (24, 16), (32, 32)])
+@pytest.mark.parametrize("cin,cout", [(8, 24), (16, 8), (24, 16), (32, 32), (48, 24), (24, 48)])
 def test_packed_offsets(cin, cout):
     """Tile 13 at red <= 32 channels packs 8, 4 or 2 offsets into one K step (conv_wgmma.cu PACK;
-    red is the forward's Cin and dgrad's Cout) under the sanitizers: with the step plan, the bare
+    red is the forward's Cin and dgrad's Cout), and at n <= 32 produced channels runs 32-column
+    tiles (BN = 32, packed or, at 48, not), under the sanitizers: with the step plan, the bare
     mask order (entries listed per launch) and a plan of wild words, fwd and dgrad against the
     CPU float64 kernels."""
     coords = _coords(900, seed=31)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write csrc/cuda/conv_wgmma_ops.cuh: wgmma.mma_async wrappers for m64nNk16, N in {64, 128, 256}.
+"""Write csrc/cuda/conv_wgmma_ops.cuh: wgmma.mma_async wrappers for m64nNk16, N in {32, 64, 128, 256}.
 
 Three operand layouts per shape: tsp_wgmma_m64nNk16 reads A and B K-major (dgrad, and the
 forward of the warp-specialized tiles, conv_wgmma*.cu), tsp_wgmma_bt_m64nNk16 reads A K-major
@@ -9,12 +9,12 @@ weights [red, n] are MN-major as stored), tsp_wgmma_tt_m64nNk16 reads both MN-ma
 gathered rows).
 
 Why generated: the instruction takes its N/2 fp32 accumulators as separate register
-operands (32 to 128 of them), which C cannot spell as an array; writing the operand
+operands (16 to 128 of them), which C cannot spell as an array; writing the operand
 lists by hand invites off-by-one mistakes.  Rerun after changing the list of shapes:
     python tools/gen_wgmma.py > csrc/cuda/conv_wgmma_ops.cuh
 """
 
-SHAPES = (64, 128, 256)
+SHAPES = (32, 64, 128, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 

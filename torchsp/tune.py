@@ -119,10 +119,11 @@ def candidates(device_type, pass_name, kernel_size=None, deterministic=False, tf
     """
     out = [list(a) for a in _CANDIDATES.get(device_type, _CANDIDATES["cpu"])[pass_name]]
     if device_type == "cuda" and pass_name != "wgrad" and _wgmma_available() and not tf32:
-        # tile 0 of a pass reducing over more than 32 channels (the forward's Cin, dgrad's Cout) is
-        # the swizzled wgmma tile 13 for 32-64 produced channels, the ping-pong 16 for 65-128 and
-        # the warp-specialized 15 above, or 16 in 128-column tiles where the pass has few row
-        # tiles; over 32 or fewer, mma.sync (conv.cu resolve_tile).  Also candidates: 12, 13
+        # tile 0 of a pass producing 32 channels or fewer with more than 8 offsets is the swizzled
+        # wgmma tile 13 in 32-column tiles; of a pass reducing over more than 32 channels (the
+        # forward's Cin, dgrad's Cout) tile 13 for 32-64 produced channels, the ping-pong 16 for
+        # 65-128 and the warp-specialized 15 above, or 16 in 128-column tiles where the pass has
+        # few row tiles; otherwise mma.sync (conv.cu resolve_tile).  Also candidates: 12, 13
         # (with 2-8 offsets packed per K step at 32 reduced channels or fewer), 15, 16 and
         # mma.sync's default (3).
         # The warp-specialized tile 14 (two producer warps) measured slower than 13 at every C,

@@ -150,7 +150,17 @@ static int fast_dtype(tsp_dtype dtype) {
 
 /* algo.tile 0 ("the kernel's default") of an fp16/bf16 pass with red input and
 ** n produced channels, where each measured fastest (sm_90a build on an sm_90
-** device, red > 32 and n >= 32; H100, lidar_198k, main kernel us):
+** device; H100, lidar_198k, main kernel us):
+** n <= 32 with more than 8 offsets tile 13 in 32-column tiles (conv_wgmma.cu
+** BN = 32, any red; 2026-11-28, three rounds, mma.sync -> tile 13: subm C =
+** 32 fwd 25.1 -> 21.8, dgrad 25.6 -> 21.4; 16 -> 16 fwd 24.4 -> 16.9; 64 ->
+** 16 fwd 45.1 -> 29.7; 0.1 m 128 -> 32 fwd 101.5 -> 66.0; down3 C = 32 fwd
+** 29.4 -> 29.0, dgrad 22.0 -> 18.0); with 8 offsets or fewer (stride-2 K = 2
+** and its transpose) the rules below, so mma.sync at red <= 32: its dgrad,
+** one offset a row, took 11.1 against 12.3 at C = 32, 10.3 against 11.9 for
+** 16 -> 32, the forwards within 0.4 us (down2 64 -> 32 fwd, tile 13 by the
+** next rule, 15.0 -> 10.7);
+** red > 32 and n >= 32:
 ** 64 < n <= 128 the ping-pong tile 16 where its two tile buffers fit
 ** (2026-11-25, same run, two rounds: C = 128 fwd 115.4 / 114.4 against 130.1
 ** / 129.2 for tile 15, dgrad 114.9 / 114.0 against 130.2 / 129.9; the op call
@@ -168,8 +178,8 @@ static int fast_dtype(tsp_dtype dtype) {
 ** main kernel, two rounds, tiles 13 / 16 / 17, fwd: subm 45.0 / 50.1 / 50.7,
 ** down2 17.9 / 23.7 / 23.8, down3 54.4 / 64.8 / 64.9, up2 21.5 / 30.7 /
 ** 30.6, dgrad likewise, session 35);
-** 32 <= n < 64 produced channels tile 13 as well (BN = 64, half its columns
-** idle at n = 32).  H100, lidar_198k, 3x3x3 unless said, main kernel us,
+** 32 <= n < 64 produced channels tile 13 as well (BN = 64 then, half its
+** columns idle at n = 32 until its BN = 32 tiles: the times here are BN = 64's).  H100, lidar_198k, 3x3x3 unless said, main kernel us,
 ** three rounds (2026-11-28), mma.sync -> this rule: fwd 64 -> 32 45.0 ->
 ** 35.9, 128 -> 48 (0.1 m) 108.8 -> 83.4, 96 -> 32 64.0 -> 62.3, down2 64 ->
 ** 32 14.8 -> 12.3, up2 64 -> 32 14.7 -> 13.7; dgrad of 32 -> 64 (red 64,
@@ -182,12 +192,8 @@ static int fast_dtype(tsp_dtype dtype) {
 ** n 128) 102.4 -> 58.3.  At red = 32 mma.sync held (0.1 m, two rounds,
 ** mma.sync / tile 16): fwd 32 -> 128 56.3 / 56.3, 32 -> 96 (0.05 m) 50.7 /
 ** 53.7, dgrad of 96 -> 32 (red 32, n 96) 51.6 / 53.4;
-** else (red <= 32) mma.sync, which stays faster at C = 32 (56 vs 107 for
-** tile 15, 114 for wgmma tile 9; op call 39.7 against 53.5 for tile 13 at
-** three blocks per SM, 2026-11-25; with tile 13's packed steps, 2026-11-28:
-** subm 32 -> 32 fwd 24.3 against 27.8, dgrad 25.0 against 27.9; 32 -> 64
-** fwd 30.5 against 31.2; 16 -> 32 fwd 24.2 against 21.4 but dgrad 23.6
-** against 27.1; down2 32 -> 32 fwd 10.0 against 11.4).
+** else (red <= 32, n > 32) mma.sync: 32 -> 64 fwd 30.4 against 31.2 for
+** tile 13 (2026-11-28), and the red = 32 rows above.
 ** Few row tiles: the longest tile sets such a pass's time, so narrower
 ** column tiles (more blocks, each shorter) pay although each gathers its
 ** rows again.  Above 128 produced channels, a pass over `rows` rows with at
@@ -202,8 +208,9 @@ static int fast_dtype(tsp_dtype dtype) {
 **   1.6 m (24) 35.6 / 30.2 / 27.0; dgrad alike. */
 enum { FEW_ROW_TILES_PER_SM = 2 };
 static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int64_t volume, int64_t rows, int tile) {
-  if (tile != 0 || !fast_dtype(dtype) || red <= 32 || n < 32 || !tsp_conv_wgmma_available())
-    return tile;
+  if (tile != 0 || !fast_dtype(dtype) || !tsp_conv_wgmma_available()) return tile;
+  if (n <= 32 && volume > 8) return 13; /* 32-column tiles (conv_wgmma.cu BN = 32) */
+  if (red <= 32 || n < 32) return tile;
   if (n <= 64) return 13;
   const int64_t row_tiles = (rows + 127) / 128, sms = tsp_device_sms();
   if (!tsp_conv_wgmma_pingpong_fits(n, volume)) return 15;

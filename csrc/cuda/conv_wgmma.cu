@@ -72,6 +72,20 @@ template <int MW, int BN, int BK, int STAGES, bool SW, bool RING = false> static
 ** reduction row j's 128 bytes at 128 j of its block, chunk q at chunk q ^ (j % 8)
 ** (wg_desc_sw128_mn), and wgmma reads it transposed (imm-trans-b).  A warp's
 ** copies still read 4 whole 128-byte row segments of w. */
+/* BN = 32 (tile 13 at n <= 32, four blocks per SM: 55 KB of shared memory at
+** V = 27, 64 registers): m64n32 wgmma, where BN = 64 copied and multiplied
+** as many zero columns as channels at n = 32.  B holds 4 KB a stage: dgrad's
+** K-major rows as at BN = 64, the forward's MN-major rows of 32 channels in
+** the 64-byte swizzle (B64, wg_desc_sw64_of_lo), one 16-byte copy a thread.
+** H100, lidar_198k, 3x3x3 at 0.05 m and fp16 unless said, main kernel us,
+** BN = 64 -> 32 (mma.sync tile 3 in brackets), three rounds each way in one
+** call (2026-11-28, session 55 call 2): subm C = 32 fwd 28.2 -> 21.8 [25.1],
+** dgrad 28.4 -> 21.4 [25.6]; bf16 fwd 27.8 -> 21.3 [24.3]; 0.1 m 128 -> 32
+** fwd 82.9 -> 66.0 [101.5]; 16 -> 16 fwd 21.6 -> 16.9 [24.4]; down3 C = 32
+** fwd 37.8 -> 29.0 [29.4], dgrad 23.1 -> 18.0 [22.0]; down2 64 -> 32 fwd
+** 12.4 -> 10.7 [15.0]; down2 C = 32 fwd 11.3 -> 9.6 [9.9], dgrad 14.7 ->
+** 12.3 [11.1]; up2 C = 32 fwd 14.1 -> 12.0 [12.0].  Call 1: 64 -> 32 fwd
+** 35.8 -> 29.3, dgrad of 32 -> 64 34.9 -> 29.5. */
 /* RING (wgmma_ring_kernel: tile TSP_TILE_RING with a step plan, one step
 ** loaded ahead): the tile's map entries stay in the plan; each list index's
 ** column is copied into a two-column ring in shared memory one step before
@@ -92,6 +106,9 @@ static __device__ __forceinline__ void
   T *s_b = s_a + STAGES * A_STAGE;
   static_assert(!RING || (!PIPE && STAGES == 2 && MW == 1), "the ring holds the column loaded and the next");
   static_assert(!PACK || (MW == 1 && SW && !RING), "packed steps come with the lean loader, entries in shared memory");
+  /* B64: the forward's B at BN = 32 in the 64-byte swizzle (wg_desc_sw64_of_lo), 4 KB a stage */
+  enum { B64 = BT && BN == 32 };
+  static_assert(BN >= 64 || (MW == 1 && SW && !RING), "32 columns come with the lean loader");
   int32_t *s_ring = nullptr;
   const tsp_tile_smem tile = RING ? tsp_tile_ring_at(s_b + STAGES * B_STAGE, BM, volume, &s_ring)
                                   : tsp_tile_smem_at(s_b + STAGES * B_STAGE, BM, volume);
@@ -124,10 +141,8 @@ static __device__ __forceinline__ void
   ** weights' K rows likewise.  Without it a red = 32 step copies and
   ** multiplies as many zeros as channels, and a tile walks twice the steps.
   ** H100, lidar_198k, subm C = 32, fp16, main kernel us, two rounds each way
-  ** in one call (2026-11-28): fwd 34.3 -> 28.2, dgrad 34.2 -> 28.4.  The
-  ** mma.sync kernel (tile 0 at 32 input channels or fewer, BN = 32) took
-  ** 25.1 / 26.1 in the call before, so it stays the default there
-  ** (conv.cu resolve_tile); the tuner weighs both. */
+  ** in one call (2026-11-28): fwd 34.3 -> 28.2, dgrad 34.2 -> 28.4 (BN = 64;
+  ** with BN = 32, below, 21.4 / 21.0). */
   const int gsh = !PACK ? 3 : red <= 8 ? 0 : red <= 16 ? 1 : 2; /* log2 cpo */
   const int pk = 8 >> gsh;                                       /* P */
   const int steps = PACK ? (*tile.count + pk - 1) / pk : *tile.count * chunks;
@@ -199,6 +214,8 @@ static __device__ __forceinline__ void
   const int tr = tid >> 3, tq = tid & 7;
   const uint32_t sw_off = (uint32_t)(tr * 128 + ((tq ^ tr) & 7) * 16);
   const uint32_t a_sm0 = tsp_smem_addr(s_a) + sw_off, b_sm0 = tsp_smem_addr(s_b) + sw_off;
+  /* B64: thread tid copies chunk tid % 4 of K row tid / 4, stored at chunk (tid % 4) ^ (row / 2 % 4) */
+  const uint32_t b64_sm0 = tsp_smem_addr(s_b) + (uint32_t)((tid >> 2) * 64 + (((tid & 3) ^ (tid >> 3)) & 3) * 16);
   const int red2 = 2 * red, n2 = 2 * n;
   auto load_lean = [&](int li, int c0, int stage) -> uint32_t {
     /* PACK: step li's list entries are P li .. P li + P - 1; this thread's
@@ -227,7 +244,14 @@ static __device__ __forceinline__ void
       tsp_cp_async16_at(a_sm + it * 4096, src_c + (int64_t)p * red2, valid);
     }
     const uint32_t b_sm = b_sm0 + (uint32_t)stage * (B_STAGE * 2);
-    if (BT && PACK) { /* copy it: K row rr = tr + 32 (it % 2), channel rr % 8 cpo of entry rr / 8 cpo */
+    if (B64) { /* K row rr = tid / 4 (PACK: channel rr % 8 cpo of entry rr / 8 cpo), channels col .. col + 7 */
+      const int rr = tid >> 2, col = n0 + (tid & 3) * 8;
+      const int jb = PACK ? pk * li + (rr >> (gsh + 3)) : li, cb = PACK ? rr & ((8 << gsh) - 1) : c0 + rr;
+      const bool valid = (!PACK || jb < count) && cb < red && col < n;
+      const int kb = PACK ? s_list[valid ? jb : 0] : k;
+      tsp_cp_async16_at(b64_sm0 + (uint32_t)stage * (B_STAGE * 2),
+                        (const char *)(w + col) + ((int64_t)kb * red + cb) * n2, valid);
+    } else if (BT && PACK) { /* copy it: K row rr = tr + 32 (it % 2), channel rr % 8 cpo of entry rr / 8 cpo */
       const int col = n0 + tq * 8;
 #pragma unroll
       for (int it = 0; it < BN / 32; ++it) {
@@ -268,7 +292,8 @@ static __device__ __forceinline__ void
 
   /* wgmma descriptors' low words of stage 0 (SW): this warpgroup's A rows, and B. */
   const uint32_t a_lo0 = wg_desc_lo_sw128(s_a + MW * wg * 64 * BK);
-  const uint32_t b_lo0 = BT ? wg_desc_lo_sw128_mn(s_b, BK * 64 * 2) : wg_desc_lo_sw128(s_b);
+  const uint32_t b_lo0 =
+      B64 ? wg_desc_lo_sw64_mn(s_b) : BT ? wg_desc_lo_sw128_mn(s_b, BK * 64 * 2) : wg_desc_lo_sw128(s_b);
 
   enum { AHEAD = PIPE ? STAGES - 2 : STAGES - 1 };
   static_assert(AHEAD >= 1, "PIPE needs at least 3 stages");
@@ -339,7 +364,9 @@ static __device__ __forceinline__ void
       const uint32_t b_lo = b_lo0 + (uint32_t)(stage * B_STAGE) / 8;
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks) {
-        if (BT) /* k16 slice ks: 16 reduction rows, 2048 bytes on; 64-channel blocks BK * 128 bytes apart */
+        if (B64) /* k16 slice ks: 16 reduction rows of 64 bytes, 1024 bytes on */
+          wg_op<BN>::template run_bt<T>(d, wg_desc_of_lo(a_lo + 2 * ks), wg_desc_sw64_of_lo(b_lo + 64 * ks));
+        else if (BT) /* k16 slice ks: 16 reduction rows, 2048 bytes on; 64-channel blocks BK * 128 bytes apart */
           wg_op<BN>::template run_bt<T>(d, wg_desc_of_lo(a_lo + 2 * ks), wg_desc_of_lo(b_lo + 128 * ks));
         else if (SW)
           wg_op<BN>::template run<T>(d, wg_desc_of_lo(a_lo + 2 * ks), wg_desc_of_lo(b_lo + 2 * ks));
@@ -433,7 +460,7 @@ static __device__ __forceinline__ void
 **     reverse order, so the longest tiles came last; a half tile also keeps
 **     half the bytes of a step in flight.) */
 template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT, bool PACK>
-__global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN == 64 ? 4 : 1)
+__global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN <= 64 ? 4 : 1)
     wgmma_os_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                     const int32_t *__restrict__ map, const int32_t *__restrict__ order,
                     const int32_t *__restrict__ plan_map, int64_t rows, int64_t tile_rows, uint64_t offsets,
@@ -526,7 +553,8 @@ static tsp_status launch_wgmma(const tsp_os_launch &a) {
 **   9: as 8 with 4 stages and one step's wgmma kept in flight (PIPE);
 **  10: as 6 with 4 stages and PIPE;
 **  12, 13: 9 and 10 with both operands in the 128-byte swizzled layout (SW);
-**      13 at n <= 64 has 2 stages without PIPE instead (three blocks per SM);
+**      13 at n <= 64 has 2 stages without PIPE instead (three blocks per SM),
+**      at n <= 32 32-column tiles (four);
 **  18 (TSP_TILE_RING): 13, and at n <= 64 with a step plan wgmma_ring_kernel
 **      (four blocks per SM).
 ** Tile 9 moved 3.48 GB through L2 for one C = 256 forward on lidar_198k (ncu
@@ -557,6 +585,9 @@ template <typename T, bool BT> static tsp_status dispatch_swizzled(const tsp_os_
   if (tile == 12)
     return n <= 64 ? launch_wgmma<T, 2, 64, 64, 4, true, true, BT>(a)
                    : launch_wgmma<T, 2, 128, 64, 4, true, true, BT>(a);
+  if (n <= 32 && tile == 13) /* 32-column tiles (wgmma_os_tile's B64), packed at red <= 32 */
+    return a.red <= 32 ? launch_wgmma<T, 1, 32, 64, 2, false, true, BT, false, true>(a)
+                       : launch_wgmma<T, 1, 32, 64, 2, false, true, BT>(a);
   if (n <= 64 && a.red <= 32 && tile == 13) /* 2, 4 or 8 offsets a K step (wgmma_os_tile's PACK) */
     return launch_wgmma<T, 1, 64, 64, 2, false, true, BT, false, true>(a);
   if (n <= 64) /* three blocks per SM; four with a step plan's entries in a ring (wgmma_ring_kernel) */

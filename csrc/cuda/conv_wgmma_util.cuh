@@ -105,6 +105,20 @@ static __device__ __forceinline__ uint64_t wg_desc_sw128_mn(const void *smem, ui
   return wg_desc_of_lo(wg_desc_lo_sw128_mn(smem, lbo));
 }
 
+/* The 64-byte swizzle for an MN-major operand of 32 channels (the forward's B
+** in conv_wgmma.cu's tile 13 at n <= 32, read with imm-trans-b = 1): K row r's
+** 64 bytes at 64 r, its 16-byte chunk c at chunk c ^ ((r / 2) % 4) (address
+** bits 4-5 xor bits 7-8); SBO = 512 bytes to the next 8 K rows, LBO unused
+** (one 32-channel atom), layout type 2.  The atom must start 512-byte
+** aligned; a k16 slice starts 1024 bytes on.  Why not the 128-byte swizzle:
+** its 64-channel rows would copy and keep as many zeros as channels. */
+static constexpr uint32_t WG_DESC_SW64_HI = (512u >> 4) | (2u << 30);
+static __device__ __forceinline__ uint64_t wg_desc_sw64_of_lo(uint32_t lo) {
+  return ((uint64_t)WG_DESC_SW64_HI << 32) | lo;
+}
+static __device__ __forceinline__ uint32_t wg_desc_lo_sw64_mn(const void *smem) {
+  return ((tsp_smem_addr(smem) & 0x3FFFF) >> 4) | (1u << 16);
+}
 static __device__ __forceinline__ void wg_fence() {
 #ifdef TSP_WGMMA_DEVICE
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -135,6 +149,17 @@ template <int N> static __device__ __forceinline__ void acc_fence(float (&d)[N])
 /* wg_op<N>::run: D += A B for one k16 step, both operands K-major; run_bt:
 ** A K-major, B MN-major; run_tt: both MN-major. */
 template <int BN> struct wg_op;
+template <> struct wg_op<32> {
+  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_m64n32k16(d, a, b, T());
+  }
+  template <typename T> static __device__ __forceinline__ void run_bt(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_bt_m64n32k16(d, a, b, T());
+  }
+  template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
+    tsp_wgmma_tt_m64n32k16(d, a, b, T());
+  }
+};
 template <> struct wg_op<64> {
   template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
     tsp_wgmma_m64n64k16(d, a, b, T());
