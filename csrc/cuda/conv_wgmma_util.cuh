@@ -2,8 +2,8 @@
 ** conv_wgmma_util.cuh: what the wgmma kernels (conv_wgmma.cu: all warps
 ** load and compute; conv_wgmma_ws.cu: producer warps load, consumer
 ** warpgroups compute; conv_wgmma_wgrad.cu: wgrad) share: shared-memory matrix descriptors, the wgmma
-** fence / commit / wait instructions, the m64nNk16 wrapper per N and the
-** gathered rows' addresses (wg_elem_addr16).
+** fence / commit / wait instructions and the gathered rows' addresses
+** (wg_elem_addr16); through conv_wgmma_ops.cuh, the m64nNk16 wrappers per N.
 ** Included by sm_90a translation units only (TSP_WGMMA); the instructions
 ** are emitted only when compiling device code for sm_90a (TSP_WGMMA_DEVICE,
 ** defined by the includer).
@@ -145,53 +145,5 @@ template <int N> static __device__ __forceinline__ void acc_fence(float (&d)[N])
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-
-/* wg_op<N>::run: D += A B for one k16 step, both operands K-major; run_bt:
-** A K-major, B MN-major; run_tt: both MN-major. */
-template <int BN> struct wg_op;
-template <> struct wg_op<32> {
-  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_m64n32k16(d, a, b, T());
-  }
-  template <typename T> static __device__ __forceinline__ void run_bt(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_bt_m64n32k16(d, a, b, T());
-  }
-  template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_tt_m64n32k16(d, a, b, T());
-  }
-};
-template <> struct wg_op<64> {
-  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_m64n64k16(d, a, b, T());
-  }
-  template <typename T> static __device__ __forceinline__ void run_bt(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_bt_m64n64k16(d, a, b, T());
-  }
-  template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_tt_m64n64k16(d, a, b, T());
-  }
-};
-template <> struct wg_op<128> {
-  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_m64n128k16(d, a, b, T());
-  }
-  template <typename T> static __device__ __forceinline__ void run_bt(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_bt_m64n128k16(d, a, b, T());
-  }
-  template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_tt_m64n128k16(d, a, b, T());
-  }
-};
-template <> struct wg_op<256> {
-  template <typename T> static __device__ __forceinline__ void run(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_m64n256k16(d, a, b, T());
-  }
-  template <typename T> static __device__ __forceinline__ void run_bt(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_bt_m64n256k16(d, a, b, T());
-  }
-  template <typename T> static __device__ __forceinline__ void run_tt(float *d, uint64_t a, uint64_t b) {
-    tsp_wgmma_tt_m64n256k16(d, a, b, T());
-  }
-};
 
 #endif /* TSP_CONV_WGMMA_UTIL_CUH */
