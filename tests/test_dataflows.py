@@ -275,7 +275,6 @@ def test_packed_offsets_real_scan(cin, cout, k, stride):
         _check_pass(x, w, dy, km, geom, a, want_y, want_dx, (a, cin, cout))
 
 
-
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("cin,cout", [(64, 32), (32, 64), (96, 24), (16, 16), (32, 32), (8, 40)])
@@ -293,6 +292,7 @@ def test_narrow_columns_real_scan(cin, cout, dtype):
         x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(c, geom, cin, cout, dtype)
         for a in ([0, 0, 0, 0], [0, 13, 0, 0], [0, 13, 2, 0], [3, 13, 3, 0]):
             _check_pass(x, w, dy, km, geom, a, want_y, want_dx, (a, cin, cout, geom.kernel_size))
+
 
 @needs_cuda
 @pytest.mark.parametrize("cin,cout", [(64, 64), (72, 136), (128, 256)])

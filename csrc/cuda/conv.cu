@@ -178,9 +178,9 @@ static int fast_dtype(tsp_dtype dtype) {
 ** main kernel, two rounds, tiles 13 / 16 / 17, fwd: subm 45.0 / 50.1 / 50.7,
 ** down2 17.9 / 23.7 / 23.8, down3 54.4 / 64.8 / 64.9, up2 21.5 / 30.7 /
 ** 30.6, dgrad likewise, session 35);
-** 32 <= n < 64 produced channels tile 13 as well (BN = 64 then, half its
-** columns idle at n = 32 until its BN = 32 tiles: the times here are BN = 64's).  H100, lidar_198k, 3x3x3 unless said, main kernel us,
-** three rounds (2026-11-28), mma.sync -> this rule: fwd 64 -> 32 45.0 ->
+** 32 <= n < 64 produced channels tile 13 as well (the times here are its BN
+** = 64's, before the 32-column tiles).  H100, lidar_198k, 3x3x3 unless said,
+** main kernel us, three rounds (2026-11-28), mma.sync -> this rule: fwd 64 -> 32 45.0 ->
 ** 35.9, 128 -> 48 (0.1 m) 108.8 -> 83.4, 96 -> 32 64.0 -> 62.3, down2 64 ->
 ** 32 14.8 -> 12.3, up2 64 -> 32 14.7 -> 13.7; dgrad of 32 -> 64 (red 64,
 ** n 32) 43.4 -> 34.8, of 40 -> 128 (0.1 m, red 128, n 40) 112.6 -> 80.2.
@@ -192,8 +192,9 @@ static int fast_dtype(tsp_dtype dtype) {
 ** n 128) 102.4 -> 58.3.  At red = 32 mma.sync held (0.1 m, two rounds,
 ** mma.sync / tile 16): fwd 32 -> 128 56.3 / 56.3, 32 -> 96 (0.05 m) 50.7 /
 ** 53.7, dgrad of 96 -> 32 (red 32, n 96) 51.6 / 53.4;
-** else (red <= 32, n > 32) mma.sync: 32 -> 64 fwd 30.4 against 31.2 for
-** tile 13 (2026-11-28), and the red = 32 rows above.
+** else mma.sync: red <= 32 with n > 32 (32 -> 64 fwd 30.4 against 31.2 for
+** tile 13, 2026-11-28, and the red = 32 rows above), and with 8 offsets or
+** fewer red <= 32 or n < 32.
 ** Few row tiles: the longest tile sets such a pass's time, so narrower
 ** column tiles (more blocks, each shorter) pay although each gathers its
 ** rows again.  Above 128 produced channels, a pass over `rows` rows with at
