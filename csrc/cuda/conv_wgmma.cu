@@ -85,7 +85,11 @@ template <int MW, int BN, int BK, int STAGES, bool SW, bool RING = false> static
 ** fwd 37.8 -> 29.0 [29.4], dgrad 23.1 -> 18.0 [22.0]; down2 64 -> 32 fwd
 ** 12.4 -> 10.7 [15.0]; down2 C = 32 fwd 11.3 -> 9.6 [9.9], dgrad 14.7 ->
 ** 12.3 [11.1]; up2 C = 32 fwd 14.1 -> 12.0 [12.0].  Call 1: 64 -> 32 fwd
-** 35.8 -> 29.3, dgrad of 32 -> 64 34.9 -> 29.5. */
+** 35.8 -> 29.3, dgrad of 32 -> 64 34.9 -> 29.5.
+** Tried and not kept (call 5, three rounds): n = 64 as two 32-column tiles
+** (each gathers the tile's rows again), bitwise equal to BN = 64 and slower:
+** subm C = 64 fwd 37.9 -> 53.3, dgrad 37.5 -> 54.0; down3 fwd 47.8 -> 62.6;
+** down2 fwd 15.8 -> 21.8; up2 fwd 17.6 -> 25.9. */
 /* RING (wgmma_ring_kernel: tile TSP_TILE_RING with a step plan, one step
 ** loaded ahead): the tile's map entries stay in the plan; each list index's
 ** column is copied into a two-column ring in shared memory one step before
