@@ -248,22 +248,24 @@ static __device__ __forceinline__ void
       tsp_cp_async16_at(a_sm + it * 4096, src_c + (int64_t)p * red2, valid);
     }
     const uint32_t b_sm = b_sm0 + (uint32_t)stage * (B_STAGE * 2);
-    if (B64) { /* K row rr = tid / 4 (PACK: channel rr % 8 cpo of entry rr / 8 cpo), channels col .. col + 7 */
-      const int rr = tid >> 2, col = n0 + (tid & 3) * 8;
+    /* The forward's weights (BT), K row rr of the step, channels col .. col + 7: PACK's channel rr % 8 cpo
+    ** of entry rr / 8 cpo, else reduction row c0 + rr of k; copied when `valid`. */
+    auto w_chunk = [&](int rr, int col, bool &valid) -> const char * {
       const int jb = PACK ? pk * li + (rr >> (gsh + 3)) : li, cb = PACK ? rr & ((8 << gsh) - 1) : c0 + rr;
-      const bool valid = (!PACK || jb < count) && cb < red && col < n;
+      valid = (!PACK || jb < count) && cb < red && col < n;
       const int kb = PACK ? s_list[valid ? jb : 0] : k;
-      tsp_cp_async16_at(b64_sm0 + (uint32_t)stage * (B_STAGE * 2),
-                        (const char *)(w + col) + ((int64_t)kb * red + cb) * n2, valid);
-    } else if (BT && PACK) { /* copy it: K row rr = tr + 32 (it % 2), channel rr % 8 cpo of entry rr / 8 cpo */
-      const int col = n0 + tq * 8;
+      return (const char *)(w + col) + ((int64_t)kb * red + cb) * n2;
+    };
+    if (B64) { /* K row tid / 4 */
+      bool valid;
+      const char *wc = w_chunk(tid >> 2, n0 + (tid & 3) * 8, valid);
+      tsp_cp_async16_at(b64_sm0 + (uint32_t)stage * (B_STAGE * 2), wc, valid);
+    } else if (BT && PACK) { /* copy it: K row tr + 32 (it % 2) of 64-channel block it / 2 */
 #pragma unroll
       for (int it = 0; it < BN / 32; ++it) {
-        const int rr = tr + 32 * (it & 1), jb = pk * li + (rr >> (gsh + 3)), cb = rr & ((8 << gsh) - 1);
-        const bool valid = jb < count && cb < red && col + 64 * (it >> 1) < n;
-        const int kb = s_list[valid ? jb : 0];
-        tsp_cp_async16_at(b_sm + it * 4096, (const char *)(w + col) + ((int64_t)kb * red + cb) * n2 + (it >> 1) * 128,
-                          valid);
+        bool valid;
+        const char *wc = w_chunk(tr + 32 * (it & 1), n0 + tq * 8 + 64 * (it >> 1), valid);
+        tsp_cp_async16_at(b_sm + it * 4096, wc, valid);
       }
     } else if (BT) { /* copy it: reduction row c0 + tr + 32 (it % 2) of 64-channel block it / 2 */
       const int col = n0 + tq * 8;
