@@ -342,6 +342,8 @@ def test_search_goes_back_to_default_when_it_loses_as_used(cache_dir, monkeypatc
         return 1.0 if ws != (as_used and default_wins_as_used) else 2.0
 
     monkeypatch.setattr(tune, "_tune_pass", ws_first)
+    # per layer weight-stationary wins its confirmation too (the real one would time it)
+    monkeypatch.setattr(tune, "_confirm_pass", lambda run, device, default, best, setup_cost=None: (best, 1e-3, 2e-3))
     monkeypatch.setattr(ts, "confirm", counted_confirm)
     monkeypatch.setattr(tune, "_time_model", fake_time)
     net.train()
@@ -466,6 +468,59 @@ def test_per_layer_pass_ranks_a_clearly_slow_candidate_on_one_call(monkeypatch):
     assert calls[str(B)] == 1 + 1  # the check (the warm-up), then one timed call
     assert calls[str(C)] == 1 + 5  # within _PRUNE of A: all five timed calls
     assert ranked[-1][0] > 5 * best_t
+
+
+@pytest.mark.parametrize("best_s, setup_s, chosen", [(0.0019, 0.0, "best"), (0.00199, 0.0, "default"),
+                                                     (0.001, 0.0015, "default")])
+def test_confirm_keeps_the_default_unless_clearly_beaten(monkeypatch, best_s, setup_s, chosen):
+    """After the sweep, its fastest candidate and the default are timed one call at a time in
+    alternation; the default stays unless beaten by more than _CONFIRM_MARGIN (2%), each charged
+    its setup cost.  A nominal clock, as above: best 5% faster wins, 0.5% does not, nor a faster
+    kernel whose plan costs more than it saves."""
+    D, B = [0, 0, 0, 0], [1, 0, 0, 0]
+    delay = {str(D): 0.002, str(B): best_s}
+    order = []
+
+    def run(a):
+        order.append(str(a))
+
+    def timings(fn, device, repeat):
+        fn()
+        return [delay[order[-1]]] * repeat
+
+    monkeypatch.setattr(tune, "_timings", timings)
+    got, got_t, default_t = tune._confirm_pass(run, torch.device("cpu"), D, B,
+                                               lambda a: setup_s if a == B else 0.0)
+    assert got == (B if chosen == "best" else D)
+    assert default_t == 0.002 and got_t == (best_s + setup_s if chosen == "best" else 0.002)
+    assert order == [str(D), str(B)] * tune._CONFIRM_ROUNDS
+
+
+def test_measure_confirms_the_sweeps_pick(cache_dir, monkeypatch):
+    """Every pass whose sweep picked another candidate than the default goes through
+    _confirm_pass, and its verdict is what gets cached."""
+    real = tune._tune_pass
+
+    def drifted(pass_name, run, device, dtype, algos, setup_cost=None):
+        best, best_t, default_t, ranked = real(pass_name, run, device, dtype, algos, setup_cost)
+        if len(algos) == 1:
+            return best, best_t, default_t, ranked
+        return algos[-1], default_t / 2, default_t, ranked  # a drifted clock ranked the last first
+
+    confirmed = []
+
+    def verdict(run, device, default, best, setup_cost=None):
+        confirmed.append(list(best))
+        return default, 1.0, 1.0
+
+    monkeypatch.setattr(tune, "_tune_pass", drifted)
+    monkeypatch.setattr(tune, "_confirm_pass", verdict)
+    tuned = tune.tune(torchsp.nn.SparseConv3d(8, 8, 3).double(), (_input(),), verbose=False, search=False)
+    (entry,) = tuned.values()
+    several = [p for p in tune.PASSES if len(tune.candidates("cpu", p, (3, 3, 3))) > 1]
+    assert several and confirmed == [tune.candidates("cpu", p, (3, 3, 3))[-1] for p in several]
+    for p in tune.PASSES:
+        assert entry[p] == tune.candidates("cpu", p, (3, 3, 3))[0], p
 
 
 def test_split_k_timed_only_for_few_tiles():

@@ -25,7 +25,9 @@ class SparseCache:
         kmaps: kernel-map key -> KernelMap (see torchsp.kmap).
         tuning: group key -> tuned algorithm choices (see torchsp.tune).
         calls: torchsp.kmap.get_kernel_map's eager memo: (coord_key, stride, ConvGeometry
-            key) -> (KernelMap, out coords, out stride, out coord_key).
+            key) -> (KernelMap, out coords, out stride, out coord_key); and
+            torchsp.functional's repeat memo: sparse_conv3d's arguments -> a settled call's
+            plan (torchsp.functional._Repeat).  Clearing it clears both.
     """
 
     def __init__(self):
