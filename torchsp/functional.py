@@ -115,8 +115,9 @@ class _Repeat:
     layer took per call on the H200 host, 2026-11-28).
 
     Made by an eager call with algo=None on 16-bit features (float32 CUDA features also depend
-    on torch's tf32 switch) outside torchsp.tune.tune()'s listing and CUDA graph capture (where
-    the tuner measures nothing and would leave the defaults).  Served only while the tuner's
+    on torch's tf32 switch), except while torchsp.tune.tune() lists a model's layers (every call
+    must reach choose_algo) and under CUDA graph capture (where the tuner measures nothing, so
+    the call runs the defaults a later eager call would not).  Served only while the tuner's
     state is the one it was made under (gen: tune._memo.gen, which set_mode, set_fixed, tune()
     and every written choice move on; mode and fixed by identity, for code that sets them
     directly) and for operands like the ones it was made for (plain tensors; weight of the same
@@ -124,7 +125,7 @@ class _Repeat:
     raises.  The row plan is read through pass_plan on every call, as the full path reads it, so
     a map's plan is still refined after REFINE_AFTER reads.
 
-    Fields: gen, mode, fixed (tuner state), wshape (torch.Size), dtype, device (get_device()),
+    Fields: gen, mode, fixed (tuner state), wshape (torch.Size), dtype, device (torch.device),
     geom, kmap, out_coords, out_stride, out_key, fwd / dgrad / wgrad (the resolved 4-lists).
     """
     __slots__ = ("gen", "mode", "fixed", "wshape", "dtype", "device", "geom", "kmap", "out_coords", "out_stride",
@@ -146,7 +147,7 @@ def _run_repeat(rep, input, weight, bias):
     if (rep.gen != _tune._memo.gen or state["mode"] is not rep.mode or state["fixed"] is not rep.fixed
             or type(weight) not in _PLAIN or type(feats) not in _PLAIN or weight.dtype is not rep.dtype
             or feats.dtype is not rep.dtype or weight.shape != rep.wshape or feats.shape[1] != rep.wshape[1]
-            or weight.get_device() != rep.device or _any_autocast is None or _any_autocast()):
+            or weight.device != rep.device or _any_autocast is None or _any_autocast()):
         return None
     if bias is not None and (type(bias) not in _PLAIN or bias.dim() != 1 or bias.shape[0] != rep.wshape[2]):
         return None
@@ -170,7 +171,7 @@ def _remember(key, input, feats, weight, geom, kmap, out, algos):
         return
     rep = _Repeat()
     rep.gen, rep.mode, rep.fixed = _tune._memo.gen, state["mode"], state["fixed"]
-    rep.wshape, rep.dtype, rep.device = weight.shape, feats.dtype, feats.get_device()
+    rep.wshape, rep.dtype, rep.device = weight.shape, feats.dtype, feats.device
     rep.geom, rep.kmap = geom, kmap
     rep.out_coords, rep.out_stride, rep.out_key = out
     rep.fwd, rep.dgrad, rep.wgrad = algos
@@ -209,7 +210,7 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     # calls keep the plain, traceable path.
     traced = tracing()
     key = None
-    if algo is None and not traced:  # a repeat of a settled default call: _Repeat
+    if algo is None and not traced:  # a repeat of a resolved default call: _Repeat
         key = _repeat_key(input, kernel_size, stride, padding, dilation, transposed, generative, rule)
         try:
             rep = input.cache.calls.get(key)

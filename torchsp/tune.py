@@ -183,10 +183,10 @@ _PRUNE = 1.5
 _REPEAT = 5  # timed calls per candidate (median)
 # A pass's fastest candidate and the default are then timed in alternation, _CONFIRM_ROUNDS calls
 # each, and the default kept unless the candidate's median beats it by more than _CONFIRM_MARGIN:
-# the sweep times candidates one after another, so clock and power drift rank them (H200,
-# 2026-11-28: the tuner took tile 15 for subm C = 256's forward, which then ran 307.9 us per
-# call against tile 0's 271.4 in the same interleaved bench; tile 3 for C = 32, 38.2 against
-# 35.1).
+# the sweep times candidates one after another, so clock, power and host drift rank them (H200,
+# 2026-11-28, session 56 call 3: tile 3 for subm C = 32's forward, whose mma.sync kernel took
+# 25.1 us against tile 0's 21.8 in session 55, and tile 15 for C = 256's; with the
+# confirmation both took tile 0, call 5).
 _CONFIRM_ROUNDS = 7
 _CONFIRM_MARGIN = 0.02
 
