@@ -88,6 +88,24 @@ def test_bench_tools_run_on_cpu():
     assert "search: end-to-end forward" in out and "ratio" in out
 
 
+def test_bench_round_order_groups_phases_and_rotates():
+    """bench.round_order: a round times every implementation's fwd, then every fb, ...; the
+    implementations' order turns by one each round; an implementation without a phase (a peer's
+    fwd op) is skipped there."""
+    bench = _load_tool("bench")
+    a, b, c = {"n": "a"}, {"n": "b"}, {"n": "c"}
+    timers = [(a, "fwd", None, False), (a, "op", None, False), (a, "fb", None, True),
+              (b, "fwd", None, False), (b, "op", None, False), (b, "fb", None, True),
+              (c, "fwd", None, False), (c, "fb", None, True)]
+
+    def order(rnd):
+        return " ".join(t[0]["n"] + ":" + t[1] for t in bench.round_order(timers, rnd))
+    assert order(0) == "a:fwd b:fwd c:fwd a:op b:op a:fb b:fb c:fb"
+    assert order(1) == "b:fwd c:fwd a:fwd b:op a:op b:fb c:fb a:fb"
+    assert order(2) == "c:fwd a:fwd b:fwd a:op b:op c:fb a:fb b:fb"
+    assert order(3) == order(0)
+
+
 def test_peer_layer_row_orders():
     """tools/peers.py's PeerLayer puts rows in and out of a peer's own orders outside the timed
     calls: forward() must return torchsp's output order, dy_peer() the peer's."""

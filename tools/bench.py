@@ -11,7 +11,8 @@ Phases (map cached: built once before timing, as a model reuses it, and read unt
 plans are refined, torchsp.kmap.REFINE_AFTER, as a reused map's are), CUDA events around the
 Python call a user makes, median of --iters after --warmup; every implementation of a layer
 (torchsp's algos, the peers) is set up and checked first, then timed in --rounds interleaved
-rounds, and each number is the median of its rounds (the JSON keeps each round's):
+rounds (grouped by phase, the implementations' order rotated each round: round_order), and each
+number is the median of its rounds (the JSON keeps each round's):
   fwd      torchsp.functional.sparse_conv3d(x, w, K, stride=..., transposed=..., algo=...) under no_grad
   fwd op   torchsp._C.conv_fwd(...) alone: the op through the eager entry the no-grad call takes,
            without the Python layer (close to the forward's GPU time where Python is the bound;
@@ -197,6 +198,23 @@ def timeit_pipelined(fn, iters, warmup, device):
     return s.elapsed_time(e) * 1e3 / iters, host
 
 
+def round_order(timers, rnd):
+    """The timers of round `rnd`, grouped by what they time (every implementation's fwd, then
+    every fwd op, ...) with the implementations rotated by the round: each timer follows a timer
+    of the same kind, and no implementation always comes first or after another's fwd+bwd loops.
+    Why: at C = 256 the GPU runs at its power cap, and a forward timed right after another
+    implementation's fwd+bwd loops ran slower (H200, session 56 call 5: 293.9 against 264.0 us on
+    the same algorithm, in implementation order).  timers: [(rec, key, fn, grad)]."""
+    keys, impls = [], []
+    for rec, key, _, _ in timers:
+        if key not in keys:
+            keys.append(key)
+        if not any(rec is r for r in impls):
+            impls.append(rec)
+    turn = {id(r): (i - rnd) % len(impls) for i, r in enumerate(impls)}
+    return sorted(timers, key=lambda t: (keys.index(t[1]), turn[id(t[0])]))
+
+
 def parse_algo(spec):
     """'0' | '0u' | '1' | '2' | '2:T' | 'a,b,c,d' | 'auto' -> (label, algo list or None)."""
     if spec == "auto":
@@ -355,8 +373,9 @@ def main():
         y_ref = None
         # Set up and check every implementation first, then time them in interleaved rounds
         # (timers: [rec, key, fn, grad]; a key ending in _pipe_us is timed by timeit_pipelined and
-        # also gives the _host_us key) so that a drift of the host or the clocks during the
-        # layer falls on all of them alike; each number is the median of its rounds' medians.
+        # also gives the _host_us key; round_order: grouped by key, implementations rotated) so
+        # that a drift of the host or the clocks during the layer falls on all of them alike;
+        # each number is the median of its rounds' medians.
         recs, timers = [], []
         for label, algo in algos:
             rec = dict(base, impl=f"torchsp {label}", algo=algo)
@@ -436,8 +455,8 @@ def main():
             except Exception as e:  # noqa: BLE001
                 rec["note"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
         failed = set()
-        for _ in range(args.rounds):
-            for rec, key, fn, grad in timers:
+        for rnd in range(args.rounds):
+            for rec, key, fn, grad in round_order(timers, rnd):
                 if id(rec) in failed:
                     continue
                 try:
