@@ -26,7 +26,7 @@ def _dtype(device):
 
 def _repeats(x):
     """The repeats of convs on x (its cache also holds those of the tensors it came from)."""
-    return [v for k, v in x.cache.calls.items() if isinstance(v, F._Repeat) and k[-2] == x.coord_key]
+    return [v for k, v in x.cache.calls.items() if isinstance(v, F._Repeat) and k[-3] == x.coord_key]
 
 
 @pytest.fixture
@@ -103,6 +103,27 @@ def test_repeat_reads_the_row_plan_each_call(device, settle_fast, monkeypatch):
             assert kmap._reads[0] == min(n, REFINE) and rel_err(y.feats, want) <= TOL, n
     if device == "cuda":
         assert plans[0] is plans[REFINE - 2] and kmap._order is not plans[0]  # refined at the REFINE-th read
+
+
+def test_layers_of_several_widths_on_one_tensor_keep_a_repeat_each(device, settle_fast, monkeypatch):
+    """Convs of the same geometry but other weight shapes on one tensor (a U-Net level's 32 -> 64
+    and 64 -> 64) each keep their repeat: called in alternation, every call after the first
+    round is served by one (the full path is made to fail), each against the reference."""
+    case = BY_NAME["sub_k3"]
+    dtype = _dtype(device)
+    x, _ = build(case, cin=4, device=device, dtype=dtype, seed=53)
+    ws = [randn(27, 4, c, seed=54 + c, dtype=dtype, device=device, scale=(27 * 4) ** -0.5) for c in (3, 5, 7)]
+    with torch.no_grad():
+        for w in ws:
+            F.sparse_conv3d(x, w, 3)
+    assert len(_repeats(x)) == 3
+    _no_full_path(monkeypatch)
+    with torch.no_grad():
+        for _ in range(2):
+            for w in ws:
+                y = F.sparse_conv3d(x, w, 3)
+                want = reference(case, x.feats.double(), x.coords, w.double(), x.coords)
+                assert y.feats.shape[1] == w.shape[2] and rel_err(y.feats, want) <= TOL
 
 
 def test_repeat_keeps_the_full_paths_checks(device, settle_fast):

@@ -110,9 +110,9 @@ def _pointwise(feats, weight, bias):
 
 class _Repeat:
     """A default call of sparse_conv3d, resolved: kept in SparseCache.calls under its arguments
-    (_repeat_key) so that its repeats, and other layers of the same shape on the same tensor,
-    skip the geometry, argument checks, map and tuner lookups (~4-5 us of the ~10 us the Python
-    layer took per call on the H200 host, 2026-11-28).
+    and weight shape (_repeat_key) so that its repeats, and other layers of that shape on the
+    same tensor, skip the geometry, argument checks, map and tuner lookups (~4-5 us of the ~10 us
+    the Python layer took per call on the H200 host, 2026-11-28).
 
     Made by an eager call with algo=None on 16-bit features (float32 CUDA features also depend
     on torch's tf32 switch), except while torchsp.tune.tune() lists a model's layers (every call
@@ -132,11 +132,14 @@ class _Repeat:
                  "out_key", "fwd", "dgrad", "wgrad")
 
 
-def _repeat_key(input, kernel_size, stride, padding, dilation, transposed, generative, rule):
+def _repeat_key(input, weight, kernel_size, stride, padding, dilation, transposed, generative, rule):
     """The repeat memo's key: the conv's arguments, each with its type (as conv_geometry's memo:
-    True == 1 but kernel_size=True is an error), and the input's coordinate key and stride."""
+    True == 1 but kernel_size=True is an error), the input's coordinate key and stride, and the
+    weight's shape (layers of several widths on one tensor each keep their own).  TypeError for
+    an unhashable argument, AttributeError for a weight that is no tensor."""
     return (kernel_size, type(kernel_size), stride, type(stride), dilation, type(dilation), padding, type(padding),
-            transposed, type(transposed), generative, type(generative), rule, input.coord_key, input.stride)
+            transposed, type(transposed), generative, type(generative), rule, input.coord_key, input.stride,
+            weight.shape)
 
 
 def _run_repeat(rep, input, weight, bias):
@@ -211,10 +214,10 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     traced = tracing()
     key = None
     if algo is None and not traced:  # a repeat of a resolved default call: _Repeat
-        key = _repeat_key(input, kernel_size, stride, padding, dilation, transposed, generative, rule)
         try:
+            key = _repeat_key(input, weight, kernel_size, stride, padding, dilation, transposed, generative, rule)
             rep = input.cache.calls.get(key)
-        except TypeError:  # an unhashable argument (a list): no memo
+        except (TypeError, AttributeError):  # an unhashable argument (a list), a weight that is no tensor
             rep = key = None
         if rep is not None:
             out = _run_repeat(rep, input, weight, bias)
