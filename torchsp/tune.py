@@ -185,8 +185,7 @@ _REPEAT = 5  # timed calls per candidate (median)
 # each, and the default kept unless the candidate's median beats it by more than _CONFIRM_MARGIN:
 # the sweep times candidates one after another, so clock, power and host drift rank them (H200,
 # 2026-11-28, session 56 call 3: tile 3 for subm C = 32's forward, whose mma.sync kernel took
-# 25.1 us against tile 0's 21.8 in session 55, and tile 15 for C = 256's; with the
-# confirmation both took tile 0, call 5).
+# 25.1 us against tile 0's 21.8 in session 55; with the confirmation it took tile 0, call 5).
 _CONFIRM_ROUNDS = 7
 _CONFIRM_MARGIN = 0.02
 
