@@ -18,7 +18,7 @@ import torch
 
 from . import _C
 from . import tune as _tune
-from ._autograd import _PLAIN, eager_conv, eager_ok, plain_operands
+from ._autograd import _PLAIN, _functorch_active, eager_conv, eager_ok, plain_operands
 from ._tracing import capturing, tracing
 from .kmap import ConvGeometry, conv_geometry, get_kernel_map
 from .plan import pass_plan
@@ -144,12 +144,13 @@ def _repeat_key(input, weight, kernel_size, stride, padding, dilation, transpose
 
 def _run_repeat(rep, input, weight, bias):
     """sparse_conv3d's result through the resolved call `rep`, or None when a guard fails (the
-    caller then takes the full path).  The same ops and arguments as the full path."""
+    caller then takes the full path).  The same ops and arguments as the full path.  The weight's
+    shape is part of the key (_repeat_key), so it is not compared again here."""
     feats = input.feats
     state = _tune._state
     if (rep.gen != _tune._memo.gen or state["mode"] is not rep.mode or state["fixed"] is not rep.fixed
             or type(weight) not in _PLAIN or type(feats) not in _PLAIN or weight.dtype is not rep.dtype
-            or feats.dtype is not rep.dtype or weight.shape != rep.wshape or feats.shape[1] != rep.wshape[1]
+            or feats.dtype is not rep.dtype or feats.shape[1] != rep.wshape[1]
             or weight.device != rep.device or _any_autocast is None or _any_autocast()):
         return None
     if bias is not None and (type(bias) not in _PLAIN or bias.dim() != 1 or bias.shape[0] != rep.wshape[2]):
@@ -158,7 +159,7 @@ def _run_repeat(rep, input, weight, bias):
     order, segs = pass_plan(kmap, "fwd", rep.fwd, rep.geom, rep.dtype, False)
     if not (torch.is_grad_enabled() and (feats.requires_grad or weight.requires_grad)):
         y = _C.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, rep.fwd, rep.dgrad, rep.wgrad, order, None, segs, [])
-    elif eager_ok(feats, weight):
+    elif not _functorch_active():  # eager_ok: the operands' types were checked above
         y = eager_conv(feats, weight, kmap, (rep.fwd, rep.dgrad, rep.wgrad), order, segs, rep.geom)
     else:
         return None
