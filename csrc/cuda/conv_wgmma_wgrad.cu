@@ -14,7 +14,10 @@
 **      dealt round-robin to a group of slots sized to its pairs) where every
 **      offset with pairs can have a slot, else as equal pieces across
 **      offsets (conv_wgrad_pairs.cuh); a slot writes one partial per offset
-**      it meets, and one more kernel adds them in slot order.
+**      it meets, and one more kernel adds them in slot order.  A slot's
+**      pairs stream through a ring of 64-pair slabs copied a few slabs
+**      ahead of its products (ww_tile::product_stream), not through a list
+**      filled in batches between them.
 **
 ** Why: the mma.sync kernel ran at 15-20% of the tensor peak (H100, lidar_198k
 ** at 0.1 m: C = 128 217 us, C = 256 673 us for 25.8 and 103 GFLOP), the
@@ -81,6 +84,8 @@
 #define TSP_WGMMA_DEVICE 1
 #endif
 
+#include <limits.h>
+
 #include "conv_internal.cuh"
 #include "conv_mma.cuh"
 #include "conv_wgrad_pairs.cuh"
@@ -90,6 +95,11 @@
 
 /* WW_BK: pairs per slab (64 channels x 64 pairs = one 8 KB block). */
 enum { WW_BK = 64 };
+
+/* 4 bytes global -> shared, asynchronously (product_stream's ring entries). */
+static __device__ __forceinline__ void tsp_cp_async4(int32_t *dst, const int32_t *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(tsp_smem_addr(dst)), "l"(src) : "memory");
+}
 
 /* The pair list of a tile of WGS warpgroups: (pairs, map rows per thread per
 ** compaction round).  Two warpgroups take 4096 x 16 instead of conv_wgrad.cu's
@@ -167,15 +177,15 @@ static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
 
 /* Copies rows [slab * BK, slab * BK + BK) of the pair list (`rows`: s_p or
 ** s_q) of src [., ld] channels [c0, c0 + W) into dst in the layout of the
-** file header; rows past `count`, row indices -1 and channels past `ld` are
-** zero.  A thread copies one 16-byte chunk c of PER consecutive rows: their
-** indices come in PER / 4 vector loads and every copy is a cp.async of 16 or
+** file header; rows past `count`, row indices outside [0, limit) and
+** channels past `ld` are zero.  A thread copies one 16-byte chunk c of PER
+** consecutive rows: their indices come in PER / 4 vector loads and every copy is a cp.async of 16 or
 ** 0 bytes, with no branch.  (With a 4-byte shared load and a branch per
 ** copy, the copies drew ~80% of the C = 256 pieces kernel's warp samples,
 ** stalled mostly on those loads: Nsight Compute's source view, bc2e51c.) */
 template <typename T, int W, int NT>
 static __device__ __forceinline__ void ww_load(T *dst, const T *__restrict__ src, int ld, int c0,
-                                               const int32_t *rows, int slab, int count) {
+                                               const int32_t *rows, int slab, int count, int limit) {
   enum { CHUNKS = W / 8, PER = WW_BK * CHUNKS / NT };
   static_assert(PER * NT == WW_BK * CHUNKS && NT % CHUNKS == 0, "whole rows per thread");
   static_assert(PER == 4 || PER % 8 == 0, "vector loads; the swizzle of r0 + it below");
@@ -202,7 +212,7 @@ static __device__ __forceinline__ void ww_load(T *dst, const T *__restrict__ src
   const uint64_t base = (uint64_t)(src + ch);
 #pragma unroll
   for (int it = 0; it < PER; ++it) {
-    const bool valid = c_ok && j0 + it < count && q[it] >= 0;
+    const bool valid = c_ok && j0 + it < count && q[it] >= 0 && q[it] < limit;
     tsp_cp_async16_bytes(d0 + (it * 64 + ((sw ^ it) & 7) * 8) * (int)sizeof(T),
                          wg_elem_addr16(base, (uint32_t)max(q[it], 0) * (uint32_t)ld), valid ? 16u : 0u);
   }
@@ -225,9 +235,9 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
     s_warp = s_q + LIST;
   }
 
-  /* acc += x[s_p[j]]^T dy[s_q[j]] over the list's `count` pairs, channels
-  ** [m0, m0 + BM) x [n0, n0 + BN).  Block-uniform; ends with a barrier, so
-  ** the stages and the list may be rewritten. */
+  /* acc += x[s_p[j]]^T dy[s_q[j]] over the list's `count` pairs (checked
+  ** by the fill), channels [m0, m0 + BM) x [n0, n0 + BN).  Block-uniform; ends
+  ** with a barrier, so the stages and the list may be rewritten. */
   __device__ __forceinline__ void product(float (&acc)[ACC], const T *__restrict__ x,
                                           const T *__restrict__ dy, int c_in, int c_out, int m0,
                                           int n0, int count) const {
@@ -236,8 +246,8 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
       if (s < slabs) {
-        ww_load<T, BM, NT>(s_a + s * A_STAGE, x, c_in, m0, s_p, s, count);
-        ww_load<T, BN, NT>(s_b + s * B_STAGE, dy, c_out, n0, s_q, s, count);
+        ww_load<T, BM, NT>(s_a + s * A_STAGE, x, c_in, m0, s_p, s, count, INT_MAX);
+        ww_load<T, BN, NT>(s_b + s * B_STAGE, dy, c_out, n0, s_q, s, count, INT_MAX);
       }
       tsp_cp_async_commit();
     }
@@ -247,8 +257,8 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
       __syncthreads(); /* slab's stage landed for all; the stage loaded next is free */
       const int next = slab + AHEAD;
       if (next < slabs) {
-        ww_load<T, BM, NT>(s_a + (next % STAGES) * A_STAGE, x, c_in, m0, s_p, next, count);
-        ww_load<T, BN, NT>(s_b + (next % STAGES) * B_STAGE, dy, c_out, n0, s_q, next, count);
+        ww_load<T, BM, NT>(s_a + (next % STAGES) * A_STAGE, x, c_in, m0, s_p, next, count, INT_MAX);
+        ww_load<T, BN, NT>(s_b + (next % STAGES) * B_STAGE, dy, c_out, n0, s_q, next, count, INT_MAX);
       }
       tsp_cp_async_commit();
       const T *a_s = s_a + (slab % STAGES) * A_STAGE + wg * BLOCK;
@@ -268,6 +278,125 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
     acc_fence(acc);
     tsp_cp_async_wait<0>();
     __syncthreads(); /* stages and list are reused by the next batch */
+  }
+
+  /* The pair ring of product_stream: slab t's 64 entries at slot t % RING of
+  ** s_q (output rows) and s_p (input rows), in the list's space.  RING >= 3
+  ** AHEAD (the slabs filled before the loop) and > 2 AHEAD (the slabs whose
+  ** entries are in flight or read at once in the loop). */
+  enum { RING = AHEAD <= 2 ? 8 : 16, FILL = (3 * AHEAD * 64 + NT - 1) / NT };
+  static_assert(RING >= 3 * AHEAD && 64 * RING <= LIST && BK == 64, "ring of 64-pair slabs in the list's space");
+
+  /* Slabs [0, min(slabs, 3 AHEAD)) into the ring, checked as tsp_wgrad_fill
+  ** checks them, every thread's loads in flight together (FILL entries a
+  ** thread).  All threads; the caller syncs. */
+  __device__ __forceinline__ void ring_fill(const int32_t *__restrict__ pairs, const int32_t *__restrict__ map,
+                                            int volume, int k, int64_t n_in, int64_t n_out, int64_t first,
+                                            int64_t stride, int64_t end, int slabs) const {
+    const int n = (slabs < 3 * AHEAD ? slabs : 3 * AHEAD) * 64;
+    int32_t q[FILL], p[FILL];
+#pragma unroll
+    for (int u = 0; u < FILL; ++u) {
+      const int i = u * NT + (int)threadIdx.x;
+      const int64_t at = first + (int64_t)(i >> 6) * stride + (i & 63);
+      q[u] = i < n && at < end ? pairs[at] : -1;
+      if (q[u] < 0 || (int64_t)q[u] >= n_out) q[u] = -1;
+    }
+#pragma unroll
+    for (int u = 0; u < FILL; ++u) p[u] = q[u] >= 0 ? map[(int64_t)q[u] * volume + k] : -1;
+#pragma unroll
+    for (int u = 0; u < FILL; ++u) {
+      const int i = u * NT + (int)threadIdx.x; /* slab i / 64 < RING: its slot is i / 64 */
+      if (i < n) {
+        s_q[i] = q[u];
+        s_p[i] = p[u] >= 0 && (int64_t)p[u] < n_in ? p[u] : -1;
+      }
+    }
+  }
+
+  /* product() over a stream of pairs instead of a filled list: `slabs`
+  ** 64-pair slabs, slab t = pairs[first + t stride .. + 64) cut at `end`,
+  ** q = pairs[.] and p = map[q, k].  Threads 0-63 copy slab t's q into the
+  ** ring (4-byte cp.async) 3 AHEAD slabs before it is multiplied and its p
+  ** from the address q gives 2 AHEAD slabs before, both in the commit groups
+  ** of the stage copies: q has landed for the thread that copies p (the wait
+  ** of that iteration), and p for every thread once ww_load reads the slab
+  ** (AHEAD slabs before, after the wait and the barrier).  Entries outside
+  ** their run are stored as -1; others are checked where ww_load reads them
+  ** (its limit), as the list's fill checks them.  Same sums in the same order
+  ** as product() over a list of the same pairs, so the same bits.
+  ** Why: the list was filled in batches of up to LIST pairs, each fill (two
+  ** dependent loads a pair) waiting on a drained pipeline: skipping every
+  ** fill after a block's first took the C = 256 kernel from 231.4 to 222.5
+  ** us, and with no products at all it still took 63.9 (fills, slot table,
+  ** partials, reduction).  The wgrad op, 20 calls back to back, median of 5,
+  ** HEAD's library -> this one, two rounds each in one call (H200, lidar_198k,
+  ** fp16, 2026-11-28, bitwise equal dw): subm C = 256 231.1 / 231.3 -> 207.2
+  ** / 206.6 us, C = 128 83.8 / 84.9 -> 77.4 / 77.0, C = 64 42.4 / 42.4 ->
+  ** 38.6 / 39.5, C = 32 40.3 / 39.6 -> 36.6 / 35.8, down3 C = 128 58.8 / 59.3
+  ** -> 52.5 / 52.4, C = 128 at 0.4 m 34.1 / 34.4 -> 33.0 / 33.5; down2 C =
+  ** 64 21.8 / 21.8 -> 20.9 / 22.2.  Not kept (same call series, main kernel):
+  ** the slab's products issued before the next copies (C = 256 237.7 ->
+  ** 243.3), 32-pair slabs with twice the stages (295.0), the fill with 16
+  ** loads a thread in flight (231.4 -> 229.0). */
+  __device__ __forceinline__ void product_stream(float (&acc)[ACC], const T *__restrict__ x,
+                                                 const T *__restrict__ dy, int c_in, int c_out, int m0, int n0,
+                                                 const int32_t *__restrict__ pairs, const int32_t *__restrict__ map,
+                                                 int volume, int k, int64_t n_in, int64_t n_out, int64_t first,
+                                                 int64_t stride, int64_t end, int slabs) const {
+    const int wg = threadIdx.x >> 7;
+    const int lim_in = n_in < INT_MAX ? (int)n_in : INT_MAX, lim_out = n_out < INT_MAX ? (int)n_out : INT_MAX;
+    ring_fill(pairs, map, volume, k, n_in, n_out, first, stride, end, slabs);
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) {
+      if (s < slabs) {
+        ww_load<T, BM, NT>(s_a + s * A_STAGE, x, c_in, m0, s_p, s, INT_MAX, lim_in);
+        ww_load<T, BN, NT>(s_b + s * B_STAGE, dy, c_out, n0, s_q, s, INT_MAX, lim_out);
+      }
+      tsp_cp_async_commit();
+    }
+    for (int slab = 0; slab < slabs; ++slab) {
+      tsp_cp_async_wait<AHEAD - 1>();
+      proxy_fence();
+      __syncthreads(); /* slab's stage and slab + AHEAD's ring entries landed for all */
+      const int next = slab + AHEAD;
+      if (next < slabs) {
+        ww_load<T, BM, NT>(s_a + (next % STAGES) * A_STAGE, x, c_in, m0, s_p, next % RING, INT_MAX, lim_in);
+        ww_load<T, BN, NT>(s_b + (next % STAGES) * B_STAGE, dy, c_out, n0, s_q, next % RING, INT_MAX, lim_out);
+      }
+      if (threadIdx.x < 64) { /* the ring, one entry a thread */
+        const int e = threadIdx.x, tq = slab + 3 * AHEAD, tp = slab + 2 * AHEAD;
+        if (tq < slabs) {
+          const int64_t at = first + (int64_t)tq * stride + e;
+          int32_t *dq = s_q + (tq % RING) * 64 + e;
+          if (at < end) tsp_cp_async4(dq, pairs + at);
+          else *dq = -1;
+        }
+        if (tp >= 3 * AHEAD && tp < slabs) { /* ring_fill filled the first 3 AHEAD */
+          const int32_t q = s_q[(tp % RING) * 64 + e];
+          int32_t *dp = s_p + (tp % RING) * 64 + e;
+          if (q >= 0 && (int64_t)q < n_out) tsp_cp_async4(dp, map + (int64_t)q * volume + k);
+          else *dp = -1;
+        }
+      }
+      tsp_cp_async_commit();
+      const T *a_s = s_a + (slab % STAGES) * A_STAGE + wg * BLOCK;
+      const T *b_s = s_b + (slab % STAGES) * B_STAGE;
+      acc_fence(acc);
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < BK / 16; ++ks)
+        wg_op<BN>::template run_tt<T>(acc, wg_desc_sw128_mn(a_s + ks * 16 * 64, BLOCK * 2),
+                                      wg_desc_sw128_mn(b_s + ks * 16 * 64, BLOCK * 2));
+      wg_commit();
+      wg_wait<1>();
+      acc_fence(acc);
+    }
+    wg_wait<0>();
+    acc_fence(acc);
+    tsp_cp_async_wait<0>();
+    __syncthreads(); /* stages and ring are reused by the next run */
   }
 };
 
@@ -368,12 +497,8 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     float acc[tile::ACC];
 #pragma unroll
     for (int i = 0; i < tile::ACC; ++i) acc[i] = 0.0f;
-    for (int64_t m = 0; m < mine; m += tile::LIST / 64) {
-      const int count = 64 * (int)(mine - m < tile::LIST / 64 ? mine - m : tile::LIST / 64);
-      tsp_wgrad_fill<tile::NT>(pairs, map, volume, k, n_in, n_out, k0 + 64 * (j + m * size), 64 * size, k1,
-                               count, t.s_p, t.s_q);
-      t.product(acc, x, dy, c_in, c_out, m0, n0, count);
-    }
+    t.product_stream(acc, x, dy, c_in, c_out, m0, n0, pairs, map, volume, k, n_in, n_out, k0 + 64 * j, 64 * size,
+                     k1, (int)mine);
     float *slot = partials + g * vcc;
     ww_epilogue<BN>(acc, m0, n0, c_in, c_out, [&](int m, int col, float v0, float v1) {
       *(float2 *)(slot + (int64_t)m * c_out + col) = make_float2(v0, v1);
@@ -397,11 +522,8 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     float acc[tile::ACC];
 #pragma unroll
     for (int i = 0; i < tile::ACC; ++i) acc[i] = 0.0f;
-    for (int64_t j = s0; j < s1; j += tile::LIST) {
-      const int count = s1 - j < tile::LIST ? (int)(s1 - j) : (int)tile::LIST;
-      tsp_wgrad_fill<tile::NT>(pairs, map, volume, k, n_in, n_out, j, 64, s1, count, t.s_p, t.s_q);
-      t.product(acc, x, dy, c_in, c_out, m0, n0, count);
-    }
+    t.product_stream(acc, x, dy, c_in, c_out, m0, n0, pairs, map, volume, k, n_in, n_out, s0, 64, s1,
+                     (int)((s1 - s0 + 63) / 64));
     float *slot = partials + (g + k) * vcc;
     ww_epilogue<BN>(acc, m0, n0, c_in, c_out, [&](int m, int col, float v0, float v1) {
       *(float2 *)(slot + (int64_t)m * c_out + col) = make_float2(v0, v1);
