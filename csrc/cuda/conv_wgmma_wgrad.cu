@@ -287,9 +287,10 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
   enum { RING = AHEAD <= 2 ? 8 : 16, FILL = (3 * AHEAD * 64 + NT - 1) / NT };
   static_assert(RING >= 3 * AHEAD && 64 * RING <= LIST && BK == 64, "ring of 64-pair slabs in the list's space");
 
-  /* Slabs [0, min(slabs, 3 AHEAD)) into the ring, checked as tsp_wgrad_fill
-  ** checks them, every thread's loads in flight together (FILL entries a
-  ** thread).  All threads; the caller syncs. */
+  /* Slabs [0, min(slabs, 3 AHEAD)) into the ring, every thread's loads in
+  ** flight together (FILL entries a thread): q = -1 past `end` or outside
+  ** [0, n_out), p = map[q, k], -1 when absent or outside [0, n_in) (a zero
+  ** row).  All threads; the caller syncs. */
   __device__ __forceinline__ void ring_fill(const int32_t *__restrict__ pairs, const int32_t *__restrict__ map,
                                             int volume, int k, int64_t n_in, int64_t n_out, int64_t first,
                                             int64_t stride, int64_t end, int slabs) const {

@@ -1,9 +1,10 @@
 /*
 ** conv_wgrad_pairs.cuh: what the two tensor-core wgrad kernels share
 ** (conv_wgrad.cu on mma.sync, conv_wgmma_wgrad.cu on wgmma): the
-** compaction of one map column into a shared-memory pair list (or, for the
-** pair pieces of dataflow 1, its load from a pair list) and the store of two
-** adjacent dw (or fp32 partial) elements.
+** compaction of one map column into a shared-memory pair list, the pair
+** slots of dataflow 1 (pieces and offset groups over a map's pair list; the
+** kernel streams each slot's pairs itself, conv_wgmma_wgrad.cu) and the
+** store of two adjacent dw (or fp32 partial) elements.
 **
 ** A wgrad block owns (row chunk, offset k, c_in tile, c_out tile); rows are
 ** the reduction dimension, so its pairs are the rows q of the chunk with
@@ -222,42 +223,6 @@ static __device__ void tsp_wgrad_group_of(const int32_t *slabs, int volume, int3
     base += __shfl_sync(0xffffffffu, inc, 31);
   }
   if (firsts && lane == 0) firsts[volume] = base;
-}
-
-/* Loads `count` entries of offset k's pairs into s_q (output rows; -1
-** outside [0, n_out)) and s_p (input rows map[q, k], -1 outside [0, n_in): a
-** zero row), in 64-pair slabs: entry i is pair first + (i / 64) stride +
-** i % 64, or -1 from `end` (the offset's end) on.  Stride 64 reads one
-** contiguous run.  count <= the list's length; all NT threads call it; ends
-** with a barrier. */
-template <int NT>
-static __device__ __forceinline__ void tsp_wgrad_fill(const int32_t *__restrict__ pairs,
-                                                      const int32_t *__restrict__ map, int volume,
-                                                      int k, int64_t n_in, int64_t n_out,
-                                                      int64_t first, int64_t stride, int64_t end,
-                                                      int count, int32_t *s_p, int32_t *s_q) {
-  enum { UNROLL = 4 }; /* independent loads in flight: q, then map[q, k] */
-  for (int base = 0; base < count; base += UNROLL * NT) {
-    int32_t q[UNROLL], p[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int i = base + u * NT + (int)threadIdx.x;
-      const int64_t at = first + (int64_t)(i >> 6) * stride + (i & 63);
-      q[u] = i < count && at < end ? pairs[at] : -1;
-      if ((int64_t)q[u] >= n_out) q[u] = -1;
-    }
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) p[u] = q[u] >= 0 ? map[(int64_t)q[u] * volume + k] : -1;
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const int i = base + u * NT + (int)threadIdx.x;
-      if (i < count) {
-        s_q[i] = q[u];
-        s_p[i] = p[u] >= 0 && (int64_t)p[u] < n_in ? p[u] : -1;
-      }
-    }
-  }
-  __syncthreads();
 }
 
 /* dw[k][m][col..col+1] = (v0, v1), or with row chunks the fp32 partials
