@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def test_bench_tools_run_on_cpu():
     _needs_scan()
     out = _run_tool("bench.py", "--device", "cpu", "--dtype", "fp32", "--voxel-scale", "20", "--iters", "1",
                     "--warmup", "0", "--peers", "none", "--layers", "subm3_c32", "--algos", "0", "auto", "--zero-grad",
-                    "--autograd-single-thread")
+                    "--autograd-single-thread", "--settle-ms", "1")
     assert "torchsp auto" in out and "tuned fwd" in out and "# compact" in out
     assert "with .grad set to None before each call" in out and "backward on the calling thread" in out
     pipelined = out.split("# pipelined")[1]  # timeit_pipelined's table, after the compact one
@@ -104,6 +105,24 @@ def test_bench_round_order_groups_phases_and_rotates():
     assert order(1) == "b:fwd c:fwd a:fwd b:op a:op b:fb c:fb a:fb"
     assert order(2) == "c:fwd a:fwd b:fwd a:op b:op c:fb a:fb b:fb"
     assert order(3) == order(0)
+
+
+def test_bench_settle_runs_the_call_for_its_time():
+    """bench.settle: the call runs back to back for about the time asked (at least once), not at
+    all for 0 ms; --settle-ms reaches it and refuses a negative time."""
+    bench = _load_tool("bench")
+    calls = []
+    t = time.perf_counter()
+    bench.settle(lambda: calls.append(time.sleep(0.002)), 30, torch.device("cpu"))
+    took = time.perf_counter() - t
+    assert 0.03 <= took < 1.0 and 8 <= len(calls) <= 20, (took, len(calls))
+    calls.clear()
+    bench.settle(lambda: calls.append(1), 0, torch.device("cpu"))
+    assert calls == []
+    bench.settle(lambda: calls.append(1), 1e-6, torch.device("cpu"))
+    assert calls == [1]
+    with pytest.raises(AssertionError, match="--settle-ms must be >= 0"):
+        _run_tool("bench.py", "--device", "cpu", "--peers", "none", "--settle-ms", "-1")
 
 
 def test_peer_layer_row_orders():

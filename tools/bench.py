@@ -11,8 +11,9 @@ Phases (map cached: built once before timing, as a model reuses it, and read unt
 plans are refined, torchsp.kmap.REFINE_AFTER, as a reused map's are), CUDA events around the
 Python call a user makes, median of --iters after --warmup; every implementation of a layer
 (torchsp's algos, the peers) is set up and checked first, then timed in --rounds interleaved
-rounds (grouped by phase, the implementations' order rotated each round: round_order), and each
-number is the median of its rounds (the JSON keeps each round's):
+rounds (grouped by phase, the implementations' order rotated each round: round_order; with
+--settle-ms each timed loop preceded by that long of the same call: settle), and each number is
+the median of its rounds (the JSON keeps each round's):
   fwd      torchsp.functional.sparse_conv3d(x, w, K, stride=..., transposed=..., algo=...) under no_grad
   fwd op   torchsp._C.conv_fwd(...) alone: the op through the eager entry the no-grad call takes,
            without the Python layer (close to the forward's GPU time where Python is the bound;
@@ -198,6 +199,29 @@ def timeit_pipelined(fn, iters, warmup, device):
     return s.elapsed_time(e) * 1e3 / iters, host
 
 
+def settle(fn, ms, device):
+    """Run fn back to back for about `ms` milliseconds of wall time (at least once when ms > 0),
+    synchronizing every few calls and at the end, so the GPU is busy with fn for that long.
+
+    Why: at C = 256 the GPU runs at its power cap, and a loop's time depends on what ran before it:
+    on the H200 (session 57, call 9) two torchsp rows on the same kernels took 789-819 us per
+    fwd+bwd in the rounds that followed FlexGEMM's loops and 867-897 in the others.  With --settle-ms
+    each timed loop follows the same implementation's own settle loop instead of another's."""
+    if ms <= 0:
+        return
+    end = time.perf_counter() + ms / 1e3
+    n = 0
+    while True:
+        fn()
+        n += 1
+        if device.type == "cuda" and n % 4 == 0:
+            torch.cuda.synchronize(device)
+        if time.perf_counter() >= end:
+            break
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def round_order(timers, rnd):
     """The timers of round `rnd`, grouped by what they time (every implementation's fwd, then
     every fwd op, ...) with the implementations rotated by the round: each timer follows a timer
@@ -286,6 +310,9 @@ def main():
     ap.add_argument("--peers", nargs="+", default=["all"], help="spconv flexgemm torchsparse warpconvnet | all | none")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--settle-ms", type=float, default=0.0,
+                    help="before each timed loop, run the same call back to back for this many ms (settle): "
+                         "a power-capped layer's loop then follows its own implementation, not another's")
     ap.add_argument("--rounds", type=int, default=3,
                     help="time every implementation of a layer in this many interleaved rounds (median of "
                          "the rounds' medians), so host or clock drift falls on all alike")
@@ -305,6 +332,8 @@ def main():
     ap.add_argument("--plot", default=None, help="PNG bar plot (matplotlib, imported lazily)")
     args = ap.parse_args()
     layers = select_layers(args.layers)  # an unknown name stops the run before any setup
+    if args.settle_ms < 0:
+        ap.error(f"--settle-ms must be >= 0, got {args.settle_ms}")
     if args.rounds < 1 or args.iters < 1 or args.warmup < 0:
         ap.error(f"--rounds and --iters must be >= 1 and --warmup >= 0, got --rounds {args.rounds}, "
                  f"--iters {args.iters}, --warmup {args.warmup}")
@@ -462,6 +491,7 @@ def main():
                 try:
                     rounds = rec.setdefault("rounds", {})
                     with torch.set_grad_enabled(grad):
+                        settle(fn, args.settle_ms, device)
                         if key.endswith("_pipe_us"):
                             us, host = timeit_pipelined(fn, args.iters, args.warmup, device)
                             rounds.setdefault(key, []).append(us)
