@@ -636,9 +636,9 @@ def test_wgrad_offset_groups_whole_scan(cin, cout, tile):
     order): 27 offsets against 132-264 slots per tile, from a few hundred to ~1000 slabs per
     group, so each block streams hundreds of slabs B_k apart through its ring (the first 3 AHEAD
     filled before its loop, the rest copied in it: conv_wgmma_wgrad.cu product_stream) and
-    offsets' last slabs are partial.  split 1 and 2 (twice the slots), the pair list built in the call and
-    passed in (cached), against the fp64 gather reference, in NaN-poisoned memory, and bitwise
-    equal run to run."""
+    offsets' last slabs are partial.  split 1 and 2 (twice the slots), the pair list built in the
+    call and passed in (cached), against the fp64 gather reference, in NaN-poisoned memory, and
+    bitwise equal run to run."""
     c = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2).cuda()
     assert c.shape[0] > 60000
     dtype = torch.float16

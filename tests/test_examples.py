@@ -115,7 +115,7 @@ def test_bench_settle_runs_the_call_for_its_time():
     t = time.perf_counter()
     bench.settle(lambda: calls.append(time.sleep(0.002)), 30, torch.device("cpu"))
     took = time.perf_counter() - t
-    assert 0.03 <= took < 1.0 and 8 <= len(calls) <= 20, (took, len(calls))
+    assert 0.03 <= took < 1.0 and 2 <= len(calls) <= 16, (took, len(calls))
     calls.clear()
     bench.settle(lambda: calls.append(1), 0, torch.device("cpu"))
     assert calls == []

@@ -206,7 +206,8 @@ def settle(fn, ms, device):
     Why: at C = 256 the GPU runs at its power cap, and a loop's time depends on what ran before it:
     on the H200 (session 57, call 9) two torchsp rows on the same kernels took 789-819 us per
     fwd+bwd in the rounds that followed FlexGEMM's loops and 867-897 in the others.  With --settle-ms
-    each timed loop follows the same implementation's own settle loop instead of another's."""
+    each timed loop follows the same implementation's own settle loop instead of another's (call
+    11, 150 ms: the two rows 893.2 and 907.5, their rounds within 890-916)."""
     if ms <= 0:
         return
     end = time.perf_counter() + ms / 1e3
