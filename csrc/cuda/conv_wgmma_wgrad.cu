@@ -235,6 +235,40 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
     s_warp = s_q + LIST;
   }
 
+  /* Copies slab `at` of the pair rows (s_p, s_q) into stage `stage`: x's
+  ** rows channels [m0, m0 + BM) into A, dy's [n0, n0 + BN) into B (ww_load). */
+  __device__ __forceinline__ void load(int stage, int at, const T *__restrict__ x, const T *__restrict__ dy,
+                                       int c_in, int c_out, int m0, int n0, int count, int lim_in,
+                                       int lim_out) const {
+    ww_load<T, BM, NT>(s_a + stage * A_STAGE, x, c_in, m0, s_p, at, count, lim_in);
+    ww_load<T, BN, NT>(s_b + stage * B_STAGE, dy, c_out, n0, s_q, at, count, lim_out);
+  }
+
+  /* acc += the products of the slab in stage slab % STAGES (BK / 16 wgmma for
+  ** warpgroup wg), queued, then a wait for the slab before: this slab's stage
+  ** is overwritten AHEAD slabs later, after a barrier. */
+  __device__ __forceinline__ void multiply(float (&acc)[ACC], int slab, int wg) const {
+    const T *a_s = s_a + (slab % STAGES) * A_STAGE + wg * BLOCK;
+    const T *b_s = s_b + (slab % STAGES) * B_STAGE;
+    acc_fence(acc);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks)
+      wg_op<BN>::template run_tt<T>(acc, wg_desc_sw128_mn(a_s + ks * 16 * 64, BLOCK * 2),
+                                    wg_desc_sw128_mn(b_s + ks * 16 * 64, BLOCK * 2));
+    wg_commit();
+    wg_wait<1>();
+    acc_fence(acc);
+  }
+
+  /* The last products and copies landed, then a barrier. */
+  __device__ __forceinline__ void drain(float (&acc)[ACC]) const {
+    wg_wait<0>();
+    acc_fence(acc);
+    tsp_cp_async_wait<0>();
+    __syncthreads();
+  }
+
   /* acc += x[s_p[j]]^T dy[s_q[j]] over the list's `count` pairs (checked
   ** by the fill), channels [m0, m0 + BM) x [n0, n0 + BN).  Block-uniform; ends
   ** with a barrier, so the stages and the list may be rewritten. */
@@ -246,8 +280,7 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
       if (s < slabs) {
-        ww_load<T, BM, NT>(s_a + s * A_STAGE, x, c_in, m0, s_p, s, count, INT_MAX);
-        ww_load<T, BN, NT>(s_b + s * B_STAGE, dy, c_out, n0, s_q, s, count, INT_MAX);
+        load(s, s, x, dy, c_in, c_out, m0, n0, count, INT_MAX, INT_MAX);
       }
       tsp_cp_async_commit();
     }
@@ -257,27 +290,12 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
       __syncthreads(); /* slab's stage landed for all; the stage loaded next is free */
       const int next = slab + AHEAD;
       if (next < slabs) {
-        ww_load<T, BM, NT>(s_a + (next % STAGES) * A_STAGE, x, c_in, m0, s_p, next, count, INT_MAX);
-        ww_load<T, BN, NT>(s_b + (next % STAGES) * B_STAGE, dy, c_out, n0, s_q, next, count, INT_MAX);
+        load(next % STAGES, next, x, dy, c_in, c_out, m0, n0, count, INT_MAX, INT_MAX);
       }
       tsp_cp_async_commit();
-      const T *a_s = s_a + (slab % STAGES) * A_STAGE + wg * BLOCK;
-      const T *b_s = s_b + (slab % STAGES) * B_STAGE;
-      acc_fence(acc);
-      wg_fence();
-#pragma unroll
-      for (int ks = 0; ks < BK / 16; ++ks)
-        wg_op<BN>::template run_tt<T>(acc, wg_desc_sw128_mn(a_s + ks * 16 * 64, BLOCK * 2),
-                                      wg_desc_sw128_mn(b_s + ks * 16 * 64, BLOCK * 2));
-      wg_commit();
-      /* This slab's stage is overwritten AHEAD slabs later, after a barrier. */
-      wg_wait<1>();
-      acc_fence(acc);
+      multiply(acc, slab, wg);
     }
-    wg_wait<0>();
-    acc_fence(acc);
-    tsp_cp_async_wait<0>();
-    __syncthreads(); /* stages and list are reused by the next batch */
+    drain(acc); /* stages and list are reused by the next batch */
   }
 
   /* The pair ring of product_stream: slab t's 64 entries at slot t % RING of
@@ -352,8 +370,7 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
       if (s < slabs) {
-        ww_load<T, BM, NT>(s_a + s * A_STAGE, x, c_in, m0, s_p, s, INT_MAX, lim_in);
-        ww_load<T, BN, NT>(s_b + s * B_STAGE, dy, c_out, n0, s_q, s, INT_MAX, lim_out);
+        load(s, s, x, dy, c_in, c_out, m0, n0, INT_MAX, lim_in, lim_out);
       }
       tsp_cp_async_commit();
     }
@@ -363,8 +380,7 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
       __syncthreads(); /* slab's stage and slab + AHEAD's ring entries landed for all */
       const int next = slab + AHEAD;
       if (next < slabs) {
-        ww_load<T, BM, NT>(s_a + (next % STAGES) * A_STAGE, x, c_in, m0, s_p, next % RING, INT_MAX, lim_in);
-        ww_load<T, BN, NT>(s_b + (next % STAGES) * B_STAGE, dy, c_out, n0, s_q, next % RING, INT_MAX, lim_out);
+        load(next % STAGES, next % RING, x, dy, c_in, c_out, m0, n0, INT_MAX, lim_in, lim_out);
       }
       if (threadIdx.x < 64) { /* the ring, one entry a thread */
         const int e = threadIdx.x, tq = slab + 3 * AHEAD, tp = slab + 2 * AHEAD;
@@ -382,22 +398,9 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
         }
       }
       tsp_cp_async_commit();
-      const T *a_s = s_a + (slab % STAGES) * A_STAGE + wg * BLOCK;
-      const T *b_s = s_b + (slab % STAGES) * B_STAGE;
-      acc_fence(acc);
-      wg_fence();
-#pragma unroll
-      for (int ks = 0; ks < BK / 16; ++ks)
-        wg_op<BN>::template run_tt<T>(acc, wg_desc_sw128_mn(a_s + ks * 16 * 64, BLOCK * 2),
-                                      wg_desc_sw128_mn(b_s + ks * 16 * 64, BLOCK * 2));
-      wg_commit();
-      wg_wait<1>();
-      acc_fence(acc);
+      multiply(acc, slab, wg);
     }
-    wg_wait<0>();
-    acc_fence(acc);
-    tsp_cp_async_wait<0>();
-    __syncthreads(); /* stages and ring are reused by the next run */
+    drain(acc); /* stages and ring are reused by the next run */
   }
 };
 
