@@ -179,8 +179,8 @@ static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
 ** s_q) of src [., ld] channels [c0, c0 + W) into dst in the layout of the
 ** file header; rows past `count`, row indices outside [0, limit) and
 ** channels past `ld` are zero.  A thread copies one 16-byte chunk c of PER
-** consecutive rows: their indices come in PER / 4 vector loads and every copy is a cp.async of 16 or
-** 0 bytes, with no branch.  (With a 4-byte shared load and a branch per
+** consecutive rows: their indices come in PER / 4 vector loads and every
+** copy is a cp.async of 16 or 0 bytes, with no branch.  (With a 4-byte shared load and a branch per
 ** copy, the copies drew ~80% of the C = 256 pieces kernel's warp samples,
 ** stalled mostly on those loads: Nsight Compute's source view, bc2e51c.) */
 template <typename T, int W, int NT>
