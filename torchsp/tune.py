@@ -713,8 +713,7 @@ def tune(model, inputs, n_samples=1, verbose=True, search=True, train=False, los
         dist = torch.distributed
         several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         if search and seen and not several:
-            _state["mode"] = "cache"  # every signature is cached now: nothing more is measured
-            _memo.clear()
+            set_mode("cache")  # every signature is cached now: nothing more is measured
             _search(model, samples[0], seen, train, loss_fn, budget_s, repeat, verbose)
             _state["search"]["summary"].insert(
                 0, f"per-layer phase {t_layers:.1f} s ({len(_state['saved'])} signatures measured)")
