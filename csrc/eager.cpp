@@ -23,10 +23,15 @@
 ** traced code calls torch.ops.torchsp.* (and conv_fwd's registered autograd)
 ** as before.
 */
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/version.h>
+
+#include <vector>
 
 #include "pair_list.h"
 #include "typed_ops.h"
@@ -47,6 +52,56 @@ at::Tensor conv_fwd(const at::Tensor &x, const at::Tensor &w, const at::Tensor &
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+/* A thread's side stream of one device and the two events that fork it from
+** and join it back to the current stream.  Kept for the thread's life (and
+** leaked at its end, as torch's own per-device caches are): a stream taken
+** from torch's pool per call would be a different one each time (the pool
+** hands its 32 out in turn), each with its own cached allocations of wgrad's
+** workspace, and two events made and destroyed per backward add host time
+** (README, session 58). */
+struct SideStream {
+  c10::Stream stream;
+  c10::Event fork, join;
+  SideStream(const c10::impl::VirtualGuardImpl &impl, c10::Device device)
+      : stream(impl.getStreamFromGlobalPool(device, false)), fork(device.type()), join(device.type()) {}
+};
+
+SideStream &side_stream(const c10::impl::VirtualGuardImpl &impl, c10::Device device) {
+  thread_local std::vector<SideStream *> sides;
+  const size_t at = static_cast<size_t>(device.index());
+  if (sides.size() <= at) sides.resize(at + 1, nullptr);
+  if (sides[at] == nullptr || sides[at]->stream.device_type() != device.type())
+    sides[at] = new SideStream(impl, device);
+  return *sides[at];
+}
+
+/* (first(), second()) with second() on the thread's side stream of the
+** device, forked from and joined back to the current stream, so its kernels
+** may run beside first()'s.  Device-generic (c10's virtual guard), so this
+** file needs no CUDA header.  second()'s result was allocated on the side
+** stream: record_stream keeps its memory from being handed out there again
+** before the current stream has used it.  Tensors the side stream reads
+** (saved inputs, dy) stay alive until the join is queued, and the current
+** stream's later work, which alone may reuse their memory, runs after it. */
+template <typename First, typename Second>
+std::pair<at::Tensor, at::Tensor> on_two_streams(c10::Device device, First &&first, Second &&second) {
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  const c10::Stream current = impl.getStream(device);
+  SideStream &side = side_stream(impl, device);
+  side.fork.record(current);
+  side.fork.block(side.stream);
+  at::Tensor b;
+  {
+    const c10::StreamGuard on_side(side.stream);
+    b = second();
+  }
+  at::Tensor a = first();
+  side.join.record(side.stream);
+  side.join.block(current);
+  if (b.defined()) b.record_stream(current);
+  return {a, b};
+}
+
 }  // namespace
 
 /*
@@ -57,8 +112,10 @@ at::Tensor conv_fwd(const at::Tensor &x, const at::Tensor &w, const at::Tensor &
 ** grad, dw = conv_wgrad(x, dy, nbmap, wgrad_algo, pairs, pair_starts) when w
 ** did, pairs and pair_starts from pair_list->get() (built there on the map's
 ** first backward) or none: the same calls, arguments and sums as the
-** registered autograd of torchsp/_autograd.py.  The dgrad and wgrad ops are
-** not differentiable, so neither is this backward.
+** registered autograd of torchsp/_autograd.py.  With `overlap` (and both
+** gradients wanted, on a GPU) wgrad runs on a side stream beside dgrad
+** (on_two_streams): the same kernels, so the same sums.  The dgrad and wgrad
+** ops are not differentiable, so neither is this backward.
 */
 struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction> {
   /* Compiled autograd takes a C++ node only when it may trace its backward up
@@ -71,7 +128,7 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
                             const at::Tensor &nbmap, const at::Tensor &nbmap_t, c10::IntArrayRef fwd_algo,
                             c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo, const OptTensor &order,
                             c10::IntArrayRef segs, const OptTensor &order_t, c10::IntArrayRef segs_t,
-                            const OptPairList &pair_list) {
+                            const OptPairList &pair_list, bool overlap) {
     at::Tensor y;
     {
       at::AutoDispatchBelowADInplaceOrView below;
@@ -82,6 +139,7 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
     auto &d = ctx->saved_data;
     d["dx"] = dx;
     d["dw"] = dw;
+    d["overlap"] = overlap && dx && dw && x.device().type() != c10::DeviceType::CPU;
     if (dx) {
       d["nbmap_t"] = nbmap_t;
       d["dgrad_algo"] = dgrad_algo;
@@ -101,19 +159,31 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &dy = grads[0];
     auto &d = ctx->saved_data;
-    at::Tensor dx, dw;
-    if (d["dx"].toBool())
-      dx = conv_dgrad_op().call(dy, saved[1], d["nbmap_t"].toTensor(), d["dgrad_algo"].toIntVector(),
-                           d["order_t"].toOptional<at::Tensor>(), d["segs_t"].toIntVector());
+    auto dgrad = [&] {
+      return conv_dgrad_op().call(dy, saved[1], d["nbmap_t"].toTensor(), d["dgrad_algo"].toIntVector(),
+                                  d["order_t"].toOptional<at::Tensor>(), d["segs_t"].toIntVector());
+    };
+    OptTensor pairs, starts;
     if (d["dw"].toBool()) {
-      OptTensor pairs, starts;
       const auto held = d.find("pair_list");
       PairList *list = held != d.end() ? pair_list_of(held->second.toTensor()) : nullptr;
-      // A traced backward (compiled autograd below torch 2.7) leaves the list alone.
+      // A traced backward (compiled autograd below torch 2.7) leaves the list alone.  Built here,
+      // on the current stream, even when wgrad then runs on a side one: the map keeps the list,
+      // and memory it keeps must not come from a side stream's pool.
       if (list && !stand_in(dy)) std::tie(pairs, starts) = list->get();
-      dw = conv_wgrad_op().call(saved[0], dy, d["nbmap"].toTensor(), d["wgrad_algo"].toIntVector(), pairs, starts);
     }
-    torch::autograd::variable_list out(12);
+    auto wgrad = [&] {
+      return conv_wgrad_op().call(saved[0], dy, d["nbmap"].toTensor(), d["wgrad_algo"].toIntVector(), pairs,
+                                  starts);
+    };
+    at::Tensor dx, dw;
+    if (d["overlap"].toBool() && !stand_in(dy)) {
+      std::tie(dx, dw) = on_two_streams(dy.device(), dgrad, wgrad);
+    } else {
+      if (d["dx"].toBool()) dx = dgrad();
+      if (d["dw"].toBool()) dw = wgrad();
+    }
+    torch::autograd::variable_list out(13); // one per forward argument
     out[0] = dx;
     out[1] = dw;
     return out;
@@ -123,11 +193,11 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
 at::Tensor conv_train(const at::Tensor &x, const at::Tensor &w, const at::Tensor &nbmap, const at::Tensor &nbmap_t,
                       c10::IntArrayRef fwd_algo, c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
                       const OptTensor &order, c10::IntArrayRef segs, const OptTensor &order_t,
-                      c10::IntArrayRef segs_t, const OptPairList &pair_list) {
+                      c10::IntArrayRef segs_t, const OptPairList &pair_list, bool overlap) {
   HANDLE_TH_ERRORS
   pybind11::gil_scoped_release no_gil;
   return SparseConvFunction::apply(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, segs, order_t,
-                                   segs_t, pair_list);
+                                   segs_t, pair_list, overlap);
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
@@ -166,8 +236,9 @@ PYBIND11_MODULE(_C, m) {
         "result has no gradient)");
   m.def("conv_train", &torchsp::conv_train,
         "conv_train(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, segs, order_t, segs_t, "
-        "pair_list) -> Tensor: conv_fwd as an autograd node whose backward calls conv_dgrad (order_t, segs_t) "
-        "and conv_wgrad (pair_list.get() when pair_list is a PairList of nbmap, built then if it is not yet)");
+        "pair_list, overlap) -> Tensor: conv_fwd as an autograd node whose backward calls conv_dgrad (order_t, "
+        "segs_t) and conv_wgrad (pair_list.get() when pair_list is a PairList of nbmap, built then if it is not "
+        "yet); overlap: wgrad on a side stream beside dgrad when both are wanted on a GPU");
   pybind11::class_<torchsp::PairList, c10::intrusive_ptr<torchsp::PairList>>(
       m, "PairList",
       "PairList(nbmap): the pair list of a kernel map direction (nbmap int32 [N, V]), built on the first get() "

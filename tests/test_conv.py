@@ -298,13 +298,17 @@ def test_no_grad_call_skips_autograd_only(mode, device):
     assert rel_err(got.feats, want) <= TOL[(device, dtype)]
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["one_stream", "two_streams"])
 @pytest.mark.parametrize("needs", ["both", "feats", "weight"])
-def test_eager_and_op_autograd_routes_agree(needs, device):
+def test_eager_and_op_autograd_routes_agree(needs, overlap, device, monkeypatch):
     """Eager training calls run torchsp._C.conv_train (dgrad plan and wgrad pair list read
     from the KernelMap); traced graphs and direct op callers run conv_fwd's registered autograd.
     Both must give y, dx and dw bitwise alike, and the fp64 dense reference's.  On CUDA, fp16
-    at 64 channels: the wgrad over pair pieces with the map's cached pair list (sm_90a builds)."""
+    at 64 channels: the wgrad over pair pieces with the map's cached pair list (sm_90a builds).
+    two_streams: the eager backward's wgrad on a side stream (torchsp._autograd.OVERLAP_ENTRIES
+    lowered to 0), the same sums."""
     from torchsp.plan import pass_plan
+    monkeypatch.setattr(torchsp._autograd, "OVERLAP_ENTRIES", 0 if overlap else 1 << 62)
     case = BY_NAME["sub_k3"]
     dtype, c = (torch.float16, 64) if device == "cuda" else (torch.float64, 5)
     x, _ = build(case, cin=c, device=device, dtype=dtype, seed=41)
@@ -339,6 +343,43 @@ def test_eager_and_op_autograd_routes_agree(needs, device):
     assert dx is None or rel_err(dx, rf.grad) <= tol
     assert dw is None or rel_err(dw, rw.grad) <= tol
     assert (dx is None) == (needs == "weight") and (dw is None) == (needs == "feats")
+
+
+@pytest.mark.skipif(not CUDA, reason="streams: CUDA only")
+def test_eager_backward_on_two_streams_real_scan(monkeypatch):
+    """The eager backward with wgrad on a side stream (torchsp._autograd.OVERLAP_ENTRIES lowered to
+    0), on a real-scan crop at 64 channels in NaN-poisoned memory: dx and dw against the float64
+    gather references, and bitwise equal to the one-stream backward.  dy is written late on the
+    current stream (after a ~1 ms spin, over a NaN-filled buffer), so a side stream that did not
+    wait for the current one would read NaN; the gradients are read only on the current stream,
+    so one that was not joined back would leave them unfinished.  A first backward builds the
+    map's wgrad pair list and fills the allocator's cache, so the checked backward makes no fresh
+    cudaMalloc (which can wait for the device and hide a missing fork)."""
+    import reference as ref
+    from conftest import lidar_crop, poison_cuda_cache, real_scan_layer
+    geom = torchsp.kmap.conv_geometry(3)
+    x, km, _, w, dy, ref_map, _, want_dx = real_scan_layer(lidar_crop().cuda(), geom, 64, 64, torch.float16)
+    want_dw = ref.gather_wgrad(x.feats.cpu(), ref_map, dy.cpu())
+    got = {}
+    for overlap in (True, False):
+        monkeypatch.setattr(torchsp._autograd, "OVERLAP_ENTRIES", 0 if overlap else 1 << 62)
+        f = x.feats.detach().clone().requires_grad_()
+        ww = w.detach().clone().requires_grad_()
+        F.sparse_conv3d(x.replace(f), ww, 3, algo=[0, 0, 0, 0]).feats.backward(dy)
+        f.grad = ww.grad = None
+        poison_cuda_cache()
+        y = F.sparse_conv3d(x.replace(f), ww, 3, algo=[0, 0, 0, 0]).feats
+        late = torch.full_like(dy, float("nan"))
+        torch.cuda._sleep(2_000_000)
+        late.copy_(dy)
+        y.backward(late)
+        got[overlap] = (f.grad.clone(), ww.grad.clone())
+    torch.cuda.synchronize()
+    dx, dw = got[True]
+    assert torch.isfinite(dx).all() and torch.isfinite(dw).all()
+    tol = 2 * TOL[("cuda", torch.float16)]
+    assert rel_err(dx, want_dx) <= tol and rel_err(dw, want_dw) <= tol
+    assert torch.equal(dx, got[False][0]) and torch.equal(dw, got[False][1])
 
 
 def test_eager_train_node_semantics(device):
@@ -468,7 +509,7 @@ def test_eager_train_node_holds_its_pair_list(backward, device):
     holder = torchsp._C.PairList(km.nbmap)
     assert holder.refs == 1
     train = lambda pair_list: torchsp._C.conv_train(f, w, km.nbmap, km.nbmap_t, a, a, a, km.order, [],  # noqa: E731
-                                                   km.order_t, [], pair_list)
+                                                   km.order_t, [], pair_list, False)
     y = train(holder)
     assert holder.refs == 2 and not holder.built
     if backward == "eager":

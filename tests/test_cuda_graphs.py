@@ -85,8 +85,9 @@ def _unet_case(seed, algo=None, n=1500):
     return model, x, probe
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["one_stream", "two_streams"])
 @pytest.mark.parametrize("weights_warmed", [True, False])
-def test_cuda_graph_training_step(weights_warmed):
+def test_cuda_graph_training_step(weights_warmed, overlap, monkeypatch):
     """One CUDA graph holds a training step (forward, loss, backward) of a small U-Net; replayed
     on new input values and new weights it gives the eager step's output and weight gradients bit
     for bit, and the float64 dense reference's.  weights_warmed=False: the warm-up step trained
@@ -94,7 +95,9 @@ def test_cuda_graph_training_step(weights_warmed):
     the captured wgrad then builds its pairs on the stream (a kept list built under capture would
     be recorded, not computed, and eager calls would read it).  The tuner picks the layers'
     dataflows in the first case (measured in the warm-up); the second fixes them, so no
-    measurement builds a pair list."""
+    measurement builds a pair list.  two_streams: every layer's backward runs wgrad on a side
+    stream (torchsp._autograd.OVERLAP_ENTRIES lowered to 0), forked and joined inside the graph."""
+    monkeypatch.setattr(torchsp._autograd, "OVERLAP_ENTRIES", 0 if overlap else 1 << 62)
     model, x, probe = _unet_case(41, None) if weights_warmed else _unet_case(43, [0, 0, 0, 0])
 
     def step():

@@ -356,9 +356,9 @@ def test_eager_entry_argument_types():
     with pytest.raises(RuntimeError, match="weight"):
         torchsp._C.conv_fwd(x, w[:, :2], nb, nb, a, a, a, None, None, [], [])
     with pytest.raises(TypeError):  # one argument short
-        torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [])
+        torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], None)
     with pytest.raises(TypeError):  # pair_list takes a torchsp._C.PairList or None
-        torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], (nb, nb))
+        torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], (nb, nb), False)
     with pytest.raises(TypeError):
         torchsp._C.PairList("nbmap")
     with pytest.raises(RuntimeError, match="nbmap.*int32"):

@@ -24,6 +24,14 @@ from ._tracing import capturing
 from .plan import pass_plan, wgrad_pair_list
 
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+# An eager training call whose map entries x Cin x Cout reach this runs its backward's wgrad on a
+# side stream beside dgrad (csrc/eager.cpp on_two_streams; same kernels and sums), where each
+# pass's tail and wgrad's reduction can fill SMs the other leaves idle.  Below it the fork and
+# join (two events, a few us of host) cost more than they save.  Set from measurement on the
+# H200, tools/bench.py layers (README, session 58).
+OVERLAP_ENTRIES = 1 << 36
+
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -71,7 +79,8 @@ def eager_conv(feats, weight, kmap, algos, order, segs, geom):
     builds it (on CUDA bounded, with no synchronisation: csrc/pair_list.h), so a forward in grad
     mode that no backward follows pays only for the dgrad plan.  The sums are those of the
     registered autograd.  Inference belongs under torch.no_grad() / torch.inference_mode(), which
-    builds neither.
+    builds neither.  Layers of at least OVERLAP_ENTRIES map entries x Cin x Cout run the backward's
+    wgrad on a side stream beside dgrad (GPU only; the node ignores it on the CPU).
     """
     fwd, dgrad, wgrad = algos
     order_t, segs_t = pass_plan(kmap, "dgrad", dgrad, geom, feats.dtype, False) if feats.requires_grad else (None, [])
@@ -81,8 +90,10 @@ def eager_conv(feats, weight, kmap, algos, order, segs, geom):
         # A list built inside a CUDA graph capture would only be recorded, not computed, yet the
         # map would keep it for eager calls: the captured wgrad builds its own pairs instead.
         pairs = None
-    return _C.conv_train(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, segs, order_t, segs_t,
-                         pairs)
+    nbmap = kmap.nbmap
+    overlap = nbmap.numel() * feats.shape[1] * weight.shape[2] >= OVERLAP_ENTRIES
+    return _C.conv_train(feats, weight, nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, segs, order_t, segs_t,
+                         pairs, overlap)
 
 
 def eager_ok(feats, weight):
