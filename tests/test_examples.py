@@ -261,6 +261,35 @@ def test_warpconvnet_adapter_geometry(layer, monkeypatch):
     assert torch.equal(pl.dy_peer(dy)[pl.perm], dy)
 
 
+def test_bench_power_parses_cases_and_samples():
+    """tools/bench_power.py: its case syntax, nvidia-smi's sample lines, the window medians; on a
+    machine without CUDA the CLI says so and fails."""
+    bp = _load_tool("bench_power")
+    assert bp.parse_case("fwd:0,15,0,0") == ("fwd", [0, 15, 0, 0])
+    assert bp.parse_case("wgrad:1,12,0,0") == ("wgrad", [1, 12, 0, 0])
+    for bad in ("fwd", "fwd:0,15,0", "bwd:0,0,0,0", "dgrad:0,x,0,0"):
+        with pytest.raises(ValueError, match="PASS:dataflow,tile,split,threshold"):
+            bp.parse_case(bad)
+    rows = bp.parse_samples(["2026/11/28 16:50:01.250, 1545, 690.25\n", "garbage\n",
+                             "2026/11/28 16:50:01.350, 1515, 693.50\n", "2026/11/28 16:50:02.000, 1980, 80.0\n",
+                             "[N/A], 1500, 600.0\n"])
+    assert [r[1:] for r in rows] == [(1545.0, 690.25), (1515.0, 693.5), (1980.0, 80.0)]
+    assert abs(rows[1][0] - rows[0][0] - 0.1) < 1e-6
+    clk, pw, n = bp.window_medians(rows, rows[0][0], rows[1][0])
+    assert (clk, pw, n) == (1530.0, 691.875, 2)
+    clk, pw, n = bp.window_medians(rows, rows[2][0] + 1, rows[2][0] + 2)
+    assert n == 0 and clk != clk and pw != pw
+    if not torch.cuda.is_available():
+        with pytest.raises(subprocess.CalledProcessError) as err:
+            subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_power.py")], check=True,
+                           capture_output=True, text=True, timeout=120)
+        assert "needs a CUDA device" in err.value.stderr
+        with pytest.raises(subprocess.CalledProcessError) as err:
+            subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_power.py"), "--cases", "fwd:1"],
+                           check=True, capture_output=True, text=True, timeout=120)
+        assert "PASS:dataflow,tile,split,threshold" in err.value.stderr
+
+
 def test_mask_waste_counts_tiles():
     """tools/mask_waste.py: tile products against a direct count, and the CLI on the scan."""
     mw = _load_tool("mask_waste")
@@ -273,6 +302,12 @@ def test_mask_waste_counts_tiles():
     # with a tile of one row, an order computes exactly its rows' pairs
     assert mw.tile_products(mask, order, cols, 1) == int(mask[:, cols].sum())
     assert mw.bits([True, False, True]) == 5
+    # tile pairs: each pair's union counted directly; an odd last tile pairs with none
+    tiles = [mask[order[i:i + 4]].any(0) for i in range(0, 203, 4)]
+    pairs = [tiles[i] | (tiles[i + 1] if i + 1 < len(tiles) else False) for i in range(0, len(tiles), 2)]
+    assert mw.pair_unions(mask, order, 4) == (int(sum(t.sum() for t in tiles)), int(sum(p.sum() for p in pairs)))
+    assert mw.pair_unions(mask, order[:0], 4) == (0, 0)
     _needs_scan()
     out = _run_tool("mask_waste.py", "--voxel-sizes", "0.4", "--densities", "0.3", "0.2")
     assert "one segment, torchsp's mask order: computed" in out and "sparse seg" in out
+    assert "tile pairs of the packed order" in out

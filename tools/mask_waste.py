@@ -49,6 +49,26 @@ def tile_products(mask, order, offsets, tile):
     return int(sub.reshape(nt, tile, -1).any(1).sum()) * tile
 
 
+def pair_unions(mask, order, tile):
+    """(offsets the tiles of `order` use, summed over tiles; the same for pairs of consecutive
+    tiles 2i, 2i + 1, each pair counting the union of its two tiles' offsets).
+
+    Why: a 2-CTA cluster multicasting B would give each pair of tiles one walk over the union
+    of their offsets, each block loading half of B's bytes: B's loads from L2 then scale by
+    pairs / (sum over tiles), and each block's steps by 2 pairs / tiles (a block waits on the
+    steps only its partner uses).  An odd last tile pairs with none.
+    mask: bool [N, V]; order: int64 numpy [R] rows in walk order (R <= N)."""
+    sub = mask[order]
+    if sub.size == 0:
+        return 0, 0
+    nt = -(-len(sub) // tile)
+    sub = np.concatenate([sub, np.zeros((nt * tile - len(sub), sub.shape[1]), bool)])
+    used = sub.reshape(nt, tile, -1).any(1)
+    if nt % 2:
+        used = np.concatenate([used, np.zeros((1, used.shape[1]), bool)])
+    return int(used.sum()), int((used[0::2] | used[1::2]).sum())
+
+
 def bits(cols):
     """int64-range bit mask of the True columns (torchsp.kmap.mask_order's `offsets`)."""
     m = sum(1 << k for k, on in enumerate(cols) if on)
@@ -107,6 +127,9 @@ def main():
             fine = tile_products(mask, steps[steps >= 0], np.ones(v, bool), args.tile)
             print(f"one segment, the step plan's packed order: computed {fine / pairs:.3f} x pairs "
                   f"(useful share {pairs / fine:.3f})")
+            own, union = pair_unions(mask, steps[steps >= 0], args.tile)
+            print(f"tile pairs of the packed order (a 2-CTA cluster sharing B): B loaded "
+                  f"{union / max(own, 1):.3f} x, steps per block {2 * union / max(own, 1):.3f} x the tiles' own")
         density = mask.mean(0)
         print("offset densities (fraction of rows): " + " ".join(f"{d:.3f}" for d in np.sort(density)[::-1]))
         print(f"{'density':>8s} {'dense':>6s} {'computed':>9s} {'dense seg':>10s} {'sparse seg':>11s} "
