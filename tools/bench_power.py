@@ -73,6 +73,24 @@ def window_medians(rows, t0, t1):
     return statistics.median(r[1] for r in sel), statistics.median(r[2] for r in sel), len(sel)
 
 
+def case_fn(p, algo, x, w, dy, km, geom, dtype, spec):
+    """One call of pass p ("fwd", "dgrad", "wgrad") under algo, as bench.py's op rows make it (map
+    cached, wgrad's pair list cached), run once here so its plan and pair list exist before timing."""
+    from torchsp.plan import pass_plan, wgrad_pairs
+    if p == "fwd":
+        order, segs = pass_plan(km, "fwd", algo, geom, dtype)
+        fn = (lambda: torch.ops.torchsp.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, algo, algo, algo, order, None,
+                                                 segs, []))
+    elif p == "dgrad":
+        order_t, segs_t = pass_plan(km, "dgrad", algo, geom, dtype)
+        fn = lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, algo, order_t, segs_t)  # noqa: E731
+    else:
+        pairs, starts = wgrad_pairs(km, algo, dtype, spec[3], spec[4])
+        fn = lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, algo, pairs, starts)  # noqa: E731
+    fn()
+    return fn
+
+
 def settled_us(fn, seconds, loops, calls):
     """Run fn back to back for `seconds`, then the median us per call of `loops` loops of `calls`."""
     t_end = time.time() + seconds
@@ -115,7 +133,6 @@ def main():
     args.data = bench.find_data(args.data)
     args.voxel_scale = 1.0
     from torchsp.kmap import ConvGeometry
-    from torchsp.plan import pass_plan, wgrad_pairs
     device, dtype = torch.device("cuda"), bench.DTYPES[args.dtype]
     log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
     try:
@@ -133,23 +150,14 @@ def main():
             dy = torch.randn(sz["n_out"], spec[4], device=device, dtype=dtype)
             fns = []
             for p, algo in cases:
-                if p == "fwd":
-                    order, segs = pass_plan(km, "fwd", algo, geom, dtype)
-                    fn = (lambda a=algo, o=order, s=segs: torch.ops.torchsp.conv_fwd(
-                        x.feats, w, km.nbmap, km.nbmap_t, a, a, a, o, None, s, []))
-                elif p == "dgrad":
-                    order_t, segs_t = pass_plan(km, "dgrad", algo, geom, dtype)
-                    fn = (lambda a=algo, o=order_t, s=segs_t: torch.ops.torchsp.conv_dgrad(
-                        dy, w, km.nbmap_t, a, o, s))
-                else:
-                    pairs, starts = wgrad_pairs(km, algo, dtype, spec[3], spec[4])
-                    fn = (lambda a=algo, pr=pairs, st=starts: torch.ops.torchsp.conv_wgrad(
-                        x.feats, dy, km.nbmap, a, pr, st))
-                fn()  # the case's plan, pair list and tuner-free launch exist before any timing
-                fns.append(fn)
+                try:
+                    fns.append((p, algo, case_fn(p, algo, x, w, dy, km, geom, dtype, spec)))
+                except Exception as e:  # noqa: BLE001  (an algo the layer cannot run: reported, not timed)
+                    print(f"{name} {p}:{','.join(map(str, algo))}: FAILED {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:120] if str(e) else ''}", flush=True)
             torch.cuda.synchronize()
             for rnd in range(args.rounds):
-                for (p, algo), fn in zip(cases, fns):
+                for p, algo, fn in fns:
                     us = settled_us(fn, args.seconds, args.loops, args.calls)
                     t1 = time.time()
                     # the samples of the loops and of the settle's last half second: the state timed
