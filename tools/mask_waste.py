@@ -36,6 +36,14 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 
+def tile_offsets(sub, tile):
+    """bool [tiles, V]: which offset columns any row of each `tile`-row tile of sub [R, V] has
+    (the last tile padded with rows that have none)."""
+    nt = -(-len(sub) // tile)
+    sub = np.concatenate([sub, np.zeros((nt * tile - len(sub), sub.shape[1]), bool)])
+    return sub.reshape(nt, tile, -1).any(1)
+
+
 def tile_products(mask, order, offsets, tile):
     """Row products the tiles of `order` compute over the offset columns `offsets` (bool [V]):
     tile * the number of offsets any row of each tile has, summed over tiles.
@@ -44,9 +52,7 @@ def tile_products(mask, order, offsets, tile):
     sub = mask[order][:, offsets]
     if sub.size == 0:
         return 0
-    nt = -(-len(sub) // tile)
-    sub = np.concatenate([sub, np.zeros((nt * tile - len(sub), sub.shape[1]), bool)])
-    return int(sub.reshape(nt, tile, -1).any(1).sum()) * tile
+    return int(tile_offsets(sub, tile).sum()) * tile
 
 
 def pair_unions(mask, order, tile):
@@ -61,10 +67,8 @@ def pair_unions(mask, order, tile):
     sub = mask[order]
     if sub.size == 0:
         return 0, 0
-    nt = -(-len(sub) // tile)
-    sub = np.concatenate([sub, np.zeros((nt * tile - len(sub), sub.shape[1]), bool)])
-    used = sub.reshape(nt, tile, -1).any(1)
-    if nt % 2:
+    used = tile_offsets(sub, tile)
+    if len(used) % 2:
         used = np.concatenate([used, np.zeros((1, used.shape[1]), bool)])
     return int(used.sum()), int((used[0::2] | used[1::2]).sum())
 
