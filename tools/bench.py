@@ -299,6 +299,25 @@ def make_layer(name, kind, K, cin, cout, vs, args, device, dtype):
     return x, kw, w, km, dict(n_in=n_in, n_out=n_out, V=V, pairs=pairs, F=F, B=B), peer_desc
 
 
+def op_call(which, algo, x, w, dy, km, geom, dtype):
+    """One op call of pass `which` ("fwd", "dgrad", "wgrad") under `algo` on make_layer's layer,
+    as the op rows of this table and tools/kernel_times.py / bench_power.py make it: the map
+    cached, its pass plan and wgrad pair list taken now (built on first use), the forward below
+    the autograd key's registered op with no dgrad plan.  dy: [N_out, Cout]."""
+    from torchsp.plan import pass_plan, wgrad_pairs
+    if which == "fwd":
+        order, segs = pass_plan(km, "fwd", algo, geom, dtype)
+        return lambda: torch.ops.torchsp.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, algo, algo, algo, order, None,
+                                                  segs, [])
+    if which == "dgrad":
+        order_t, segs_t = pass_plan(km, "dgrad", algo, geom, dtype)
+        return lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, algo, order_t, segs_t)
+    if which == "wgrad":
+        pairs, starts = wgrad_pairs(km, algo, dtype, w.shape[1], w.shape[2])
+        return lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, algo, pairs, starts)
+    raise ValueError(f"op_call: which must be fwd, dgrad or wgrad, got {which!r}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None)

@@ -74,20 +74,9 @@ def window_medians(rows, t0, t1):
     return statistics.median(r[1] for r in sel), statistics.median(r[2] for r in sel), len(sel)
 
 
-def case_fn(p, algo, x, w, dy, km, geom, dtype, spec):
-    """One call of pass p ("fwd", "dgrad", "wgrad") under algo, as bench.py's op rows make it (map
-    cached, wgrad's pair list cached), run once here so its plan and pair list exist before timing."""
-    from torchsp.plan import pass_plan, wgrad_pairs
-    if p == "fwd":
-        order, segs = pass_plan(km, "fwd", algo, geom, dtype)
-        fn = (lambda: torch.ops.torchsp.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, algo, algo, algo, order, None,
-                                                 segs, []))
-    elif p == "dgrad":
-        order_t, segs_t = pass_plan(km, "dgrad", algo, geom, dtype)
-        fn = lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, algo, order_t, segs_t)  # noqa: E731
-    else:
-        pairs, starts = wgrad_pairs(km, algo, dtype, spec[3], spec[4])
-        fn = lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, algo, pairs, starts)  # noqa: E731
+def case_fn(p, algo, x, w, dy, km, geom, dtype):
+    """bench.op_call of pass p under algo, run once here so its plan and pair list exist before timing."""
+    fn = bench.op_call(p, algo, x, w, dy, km, geom, dtype)
     fn()
     return fn
 
@@ -152,7 +141,7 @@ def main():
             fns = []
             for p, algo in cases:
                 try:
-                    fns.append((p, algo, case_fn(p, algo, x, w, dy, km, geom, dtype, spec)))
+                    fns.append((p, algo, case_fn(p, algo, x, w, dy, km, geom, dtype)))
                 except Exception as e:  # noqa: BLE001  (an algo the layer cannot run: reported, not timed)
                     print(f"{name} {p}:{','.join(map(str, algo))}: FAILED {type(e).__name__}: "
                           f"{str(e).splitlines()[0][:120] if str(e) else ''}", flush=True)

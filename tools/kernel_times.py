@@ -81,7 +81,6 @@ def main():
     args.voxel_scale = 1.0
     import torchsp
     from torchsp.kmap import ConvGeometry
-    from torchsp.plan import pass_plan, wgrad_pairs
     device, dtype = torch.device("cuda"), bench.DTYPES[args.dtype]
     algo = [int(v) for v in args.algo.split(",")]
     summary = []
@@ -89,16 +88,8 @@ def main():
         name, kind, K = spec[0], spec[1], spec[2]
         x, kw, w, km, sz, _ = bench.make_layer(*spec, args, device, dtype)
         geom = ConvGeometry(K, **kw)
-        order, segs = pass_plan(km, "fwd", algo, geom, dtype)
-        order_t, segs_t = pass_plan(km, "dgrad", algo, geom, dtype)
-        pairs, starts = wgrad_pairs(km, algo, dtype, spec[3], spec[4])
         dy = torch.randn(sz["n_out"], spec[4], device=device, dtype=dtype)
-        calls = {
-            "fwd": lambda: torch.ops.torchsp.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, algo, algo, algo, order,
-                                                      order_t, segs, segs_t),
-            "dgrad": lambda: torch.ops.torchsp.conv_dgrad(dy, w, km.nbmap_t, algo, order_t, segs_t),
-            "wgrad": lambda: torch.ops.torchsp.conv_wgrad(x.feats, dy, km.nbmap, algo, pairs, starts),
-        }
+        calls = {p: bench.op_call(p, algo, x, w, dy, km, geom, dtype) for p in ("fwd", "dgrad", "wgrad")}
         if args.fb:  # bench.py's fwd+bwd: y = sparse_conv3d(...); y.feats.backward(dy), grads accumulate
             xf = x.feats.detach().clone().requires_grad_(True)
             wg = w.detach().clone().requires_grad_(True)
