@@ -120,15 +120,16 @@ enum { TSP_SPLIT_K_MAX = 16 };
 **
 ** tile on CUDA, fp16/bf16: 0 is the kernel's default (on sm_90a builds on
 ** sm_90 devices when both channel counts are >= 64: the swizzled wgmma tile
-** 13 for 64 produced channels, the ping-pong tile 16 for 65-128 where it fits, the
+** 18 for 64 produced channels (13 without a step plan or with split-K), the
+** ping-pong tile 16 for 65-128 where it fits, the
 ** warp-specialized 15 above; on passes with few 128-row tiles for the GPU's
 ** SMs, tile 16 in 128-column tiles above 128 too, or 17 (the ping-pong tile in
 ** 64-column tiles) on the fewest; else mma.sync: cuda/conv.cu resolve_tile); 1-2
 ** mma.sync shapes, 3 the mma.sync default shape; 6-10, 12-18 wgmma (sm_90a
 ** builds; 12-18 with 128-byte swizzled operands, 14-17 warp-specialized:
 ** producer warps copy, consumer warpgroups multiply; 18, TSP_TILE_RING, is 13
-** with a step plan's map entries read through a ring, four blocks per SM at
-** 64 produced channels or fewer); any other value reads as 3.  wgrad's tile on
+** with a step plan's map entries read through a ring of 12 columns, four
+** blocks per SM at 64 produced channels or fewer); any other value reads as 3.  wgrad's tile on
 ** fp16/bf16: 0 the default (the wgmma wgrad of cuda/conv_wgmma_wgrad.cu over
 ** pair slots, whatever the dataflow, when both channel counts are >= 32 on
 ** sm_90a builds on sm_90 devices, else mma.sync: cuda/conv.cu resolve_wgrad); 12, 13, 15 its 128 x 128,

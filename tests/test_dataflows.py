@@ -229,7 +229,7 @@ def _check_pass(x, w, dy, km, geom, a, want_y, want_dx, label, tol=None):
 def test_dataflow_real_scan(cin, cout):
     """A real LiDAR crop (submanifold 3x3x3 and stride-2 K=2): fwd and dgrad of every dataflow
     against the fp64 gather reference on the reference kernel map, and bitwise stable run to run.
-    (64, 32), (40, 128), (128, 48) and (48, 48): tile 0 is a wgmma tile (13 where 32 <= n <= 64)
+    (64, 32), (40, 128), (128, 48) and (48, 48): tile 0 is a wgmma tile (18, 13's ring, where 32 < n <= 64; 13 at n = 32)
     where a pass reduces over red > 32 channels and produces n >= 32 (conv.cu resolve_tile), and
     mma.sync at red <= 32."""
     c = lidar_crop().cuda()
@@ -255,6 +255,43 @@ def test_staged_epilogue_real_scan(k, c):
     x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, c, c, torch.float16)
     for tile in (0, 3, 13, 16, 17, 18):
         _check_pass(x, w, dy, km, geom, [0, tile, 0, 0], want_y, want_dx, tile)
+
+
+@needs_cuda
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("cin", [64, 128])
+def test_ring_refills_dense_cube(stride, cin):
+    """Tile 18 (tile 13 at <= 64 produced channels with the step plan's entries in a ring of 12
+    column slots, csrc/cuda/conv_tile.cuh TSP_STEPS_RING) on a dense 12^3 cube, 3x3x3, where
+    most submanifold tiles use all 27 offsets, more than the ring has slots: each column past
+    the twelfth is copied into the slot of the one gathered before it as the loader walks (maps
+    of more than 63 offsets have no step plan, so no ring).  Forward and dgrad at 64 produced
+    channels (128 input channels: two K chunks per offset), submanifold and stride 2, fp16,
+    against the fp64 gather reference into NaN-poisoned memory; bitwise equal to tile 13, which
+    holds every column (the same products in the same order), and run to run."""
+    r = torch.arange(12)
+    g = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
+    c = torch.cat([torch.zeros(g.shape[0], 1, dtype=torch.long), g], 1).int().cuda()
+    geom = torchsp.kmap.ConvGeometry(3, stride)
+    x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(c, geom, cin, 64, torch.float16)
+    if stride == 1:  # the step plan's offset counts: most tiles refill the ring
+        plan, (n, v) = km.order, km.nbmap.shape
+        head, tiles = (2 * v + 4 + 128 + 3) // 4 * 4, (n + 127) // 128
+        counts = plan[(n + 3) // 4 * 4:][:tiles * (head + 128 * v)].view(tiles, -1)[:, 2 * v]
+        assert int((counts > 12).sum()) > tiles // 2, counts
+    _check_pass(x, w, dy, km, geom, [0, 18, 0, 0], want_y, want_dx, ("ring", stride, cin))
+    for which in ("fwd", "dgrad"):
+        got = [_pass_call(which, [0, t, 0, 0], x, w, dy, km, geom) for t in (13, 18)]
+        assert torch.equal(got[0], got[1]), (which, stride, cin, "tile 18 differs from tile 13")
+
+
+def _pass_call(which, a, x, w, dy, km, geom):
+    """One forward or dgrad op call under algo `a` with the map's own plan."""
+    if which == "fwd":
+        order, segs = pass_plan(km, "fwd", a, geom, x.feats.dtype)
+        return ops.conv_fwd(x.feats, w, km.nbmap, km.nbmap_t, a, a, a, order, None, segs, [])
+    order_t, segs_t = pass_plan(km, "dgrad", a, geom, x.feats.dtype)
+    return ops.conv_dgrad(dy, w, km.nbmap_t, a, order_t, segs_t)
 
 
 @needs_cuda

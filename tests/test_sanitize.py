@@ -155,7 +155,7 @@ def test_step_plans(tile, cout):
     map's) under the sanitizers: the same sums, bitwise, as the bare mask order [N] (the tiles
     walk the same rows and offsets, in another grouping; tile 17 in two 64-column tiles per row
     tile, each finding its row tile through the refined plan's schedule; tile 18 at 64 produced
-    channels reads the plan's entries through a two-column ring, conv_wgmma.cu RING),
+    channels reads the plan's entries through a ring of 12 columns, conv_wgmma.cu RING),
     and a plan whose records are overwritten with wild words (offset lists, counts, rows and map
     entries out of range) runs without an access out of bounds."""
     x, w16, g16, ref_y, ref_dx, _ = _tensor_core_case(seed=21)
@@ -178,6 +178,33 @@ def test_step_plans(tile, cout):
     ref_dx = torch.ops.torchsp.conv_dgrad(g16.double().cpu(), w16.double().cpu(), km.nbmap_t.cpu(), [0, 0, 0, 0])
     _assert_close(y, dx, ref_y, ref_dx)
     _run_wild_plans(x, w16, g16, km, a, seed=tile)
+
+
+def test_ring_refills():
+    """Tile 18's ring of 12 columns refilled as the loader walks (conv_wgmma.cu RING) under the
+    sanitizers: a dense 10^3 cube, 3x3x3, whose tiles mostly use all 27 offsets, 72 -> 64
+    channels (two K chunks per offset), fwd and dgrad against the CPU float64 kernels and
+    bitwise equal to tile 13."""
+    r = torch.arange(10)
+    g = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
+    coords = torch.cat([torch.zeros(g.shape[0], 1, dtype=torch.long), g], 1).int()
+    feats = torch.randn(coords.shape[0], 72, dtype=torch.float64)
+    w = torch.randn(27, 72, 64, dtype=torch.float64) / 40
+    km_cpu = torchsp.kmap.get_kernel_map(torchsp.SparseTensor(feats, coords), 3)[0]
+    gy = torch.linspace(-1, 1, coords.shape[0] * 64, dtype=torch.float64).reshape(-1, 64)
+    ref_y = torch.ops.torchsp.conv_fwd(feats, w, km_cpu.nbmap, km_cpu.nbmap_t, [0, 0, 0, 0], [0, 0, 0, 0],
+                                       [0, 0, 0, 0], None, None)
+    ref_dx = torch.ops.torchsp.conv_dgrad(gy, w, km_cpu.nbmap_t, [0, 0, 0, 0], None)
+    x = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
+    w16, g16 = w.to("cuda", torch.float16), gy.to("cuda", torch.float16)
+    km = torchsp.kmap.get_kernel_map(x, 3)[0]
+    out = {}
+    for tile in (13, 18):
+        a = [0, tile, 0, 0]
+        out[tile] = (torch.ops.torchsp.conv_fwd(x.feats, w16, km.nbmap, km.nbmap_t, a, a, a, km.order, km.order_t),
+                     torch.ops.torchsp.conv_dgrad(g16, w16, km.nbmap_t, a, km.order_t))
+    _assert_close(*out[18], ref_y, ref_dx)
+    assert torch.equal(out[13][0], out[18][0]) and torch.equal(out[13][1], out[18][1])
 
 
 @pytest.mark.parametrize("cin,cout", [(8, 24), (16, 8), (24, 16), (32, 32), (48, 24), (24, 48)])

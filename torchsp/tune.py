@@ -52,7 +52,7 @@ import torch
 
 from ._tracing import capturing, tracing
 from .geometry import offset_l1
-from .plan import RING_TILE, TF32_TILE, pass_plan, segmented, takes_segments, wgmma_available, wgrad_pairs
+from .plan import TF32_TILE, pass_plan, segmented, takes_segments, wgmma_available, wgrad_pairs
 
 DEFAULT = [0, 0, 0, 0]
 PASSES = ("fwd", "dgrad", "wgrad")
@@ -122,17 +122,18 @@ def candidates(device_type, pass_name, kernel_size=None, deterministic=False, tf
     if device_type == "cuda" and pass_name != "wgrad" and _wgmma_available() and not tf32:
         # tile 0 of a pass producing 32 channels or fewer with more than 8 offsets is the swizzled
         # wgmma tile 13 in 32-column tiles; of a pass reducing over more than 32 channels (the
-        # forward's Cin, dgrad's Cout) tile 13 for 32-64 produced channels, the ping-pong 16 for
-        # 65-128 and the warp-specialized 15 above, or 16 in 128-column tiles where the pass has
-        # few row tiles; otherwise mma.sync (conv.cu resolve_tile).  Also candidates: 12, 13
-        # (with 2-8 offsets packed per K step at 32 reduced channels or fewer), 15, 16 and
-        # mma.sync's default (3).
+        # forward's Cin, dgrad's Cout) tile 18 (TSP_TILE_RING: 13 with a step plan's entries in a
+        # ring, four blocks per SM) for 33-64 produced channels, the ping-pong 16 for 65-128 and
+        # the warp-specialized 15 above, or 16 in 128-column tiles where the pass has few row
+        # tiles; otherwise mma.sync (conv.cu resolve_tile).  Also candidates: 12, 13 (with 2-8
+        # offsets packed per K step at 32 reduced channels or fewer; three blocks per SM, the
+        # map entries of all its offsets in shared memory), 15, 16 and mma.sync's default (3).
         # The warp-specialized tile 14 (two producer warps) measured slower than 13 at every C,
         # and the ping-pong 17 (64-column tiles) slower than 16 except on the fewest row tiles,
-        # where tile 0 is 17 (H100, lidar_198k): not candidates.  Tile 18 (TSP_TILE_RING) is 13
-        # with four blocks per SM at 64 produced channels or fewer: faster on the short tiles of
-        # strided and transposed layers, slower on submanifold ones (csrc/cuda/conv_wgmma.cu).
-        out += [[0, 3, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0], [0, 15, 0, 0], [0, 16, 0, 0], [0, RING_TILE, 0, 0]]
+        # where tile 0 is 17 (H100, lidar_198k): not candidates.  Nor is tile 18 itself: at 33-64
+        # produced channels with a step plan it is tile 0, elsewhere 13 (or, at 32 reduced
+        # channels or fewer, 13 without its packed steps; csrc/cuda/conv_wgmma.cu).
+        out += [[0, 3, 0, 0], [0, 12, 0, 0], [0, 13, 0, 0], [0, 15, 0, 0], [0, 16, 0, 0]]
     if device_type == "cuda" and pass_name == "wgrad" and _wgmma_available() and not tf32:
         # wgrad tile 0 is conv_wgmma_wgrad.cu over pair slots for C >= 32 (conv.cu
         # resolve_wgrad); also mma.sync (3) and the three wgmma shapes (12: 128 x 128, 13: 64 x 64,

@@ -177,7 +177,14 @@ static int fast_dtype(tsp_dtype dtype) {
 ** on the strided 64-channel layers, whose rows have one or two neighbours,
 ** main kernel, two rounds, tiles 13 / 16 / 17, fwd: subm 45.0 / 50.1 / 50.7,
 ** down2 17.9 / 23.7 / 23.8, down3 54.4 / 64.8 / 64.9, up2 21.5 / 30.7 /
-** 30.6, dgrad likewise, session 35);
+** 30.6, dgrad likewise, session 35); since session 60 32 < n <= 64 tile
+** TSP_TILE_RING (tile 13 with the step plan's entries in a 12-column ring,
+** four blocks per SM; 13 itself where the pass has no step plan or splits
+** K): H200, lidar_198k, main kernel us from CUDA graph replays, two rounds,
+** tile 13 -> ring: subm C = 64 fwd 36.5 / 36.2 -> 36.3 / 36.0, dgrad 36.7
+** / 36.3 -> 35.7 / 35.4; down3 fwd 45.8 / 45.4 -> 42.6 / 42.5, dgrad 31.6 /
+** 31.4 -> 28.0 / 27.7; up2 fwd 15.8 / 15.5 -> 15.1 / 14.9 (conv_wgmma.cu
+** wgmma_ring_kernel);
 ** 32 <= n < 64 produced channels tile 13 as well (the times here are its BN
 ** = 64's, before the 32-column tiles).  H100, lidar_198k, 3x3x3 unless said,
 ** main kernel us, three rounds (2026-11-28), mma.sync -> this rule: fwd 64 -> 32 45.0 ->
@@ -212,7 +219,7 @@ static int resolve_tile(tsp_dtype dtype, int64_t red, int64_t n, int64_t volume,
   if (tile != 0 || !fast_dtype(dtype) || !tsp_conv_wgmma_available()) return tile;
   if (n <= 32 && volume > 8) return 13; /* 32-column tiles (conv_wgmma.cu BN = 32) */
   if (red <= 32 || n < 32) return tile;
-  if (n <= 64) return 13;
+  if (n <= 64) return n > 32 ? TSP_TILE_RING : 13; /* the ring: 13 without a step plan */
   const int64_t row_tiles = (rows + 127) / 128, sms = tsp_device_sms();
   if (!tsp_conv_wgmma_pingpong_fits(n, volume)) return 15;
   if (n > 128 && row_tiles > FEW_ROW_TILES_PER_SM * sms) return 15;

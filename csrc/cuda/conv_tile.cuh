@@ -412,13 +412,22 @@ static __device__ __forceinline__ void tsp_tile_from_steps(const int32_t *__rest
 }
 
 /* Kernels that read a step plan's entries column by column as they gather
-** (tile 18 at n <= 64, conv_wgmma.cu wgmma_ring_kernel) keep only the head in
-** shared memory, after a ring of TSP_STEPS_RING columns of BM entries
-** (tsp_tile_ring_at): TSP_STEPS_RING * BM + the head words instead of BM * V
-** + the head words. */
-enum { TSP_STEPS_RING = 2 };
+** (tile 18 at n <= 64, conv_wgmma.cu wgmma_ring_kernel) keep the head in
+** shared memory after a ring of min(V, TSP_STEPS_RING) column slots of BM
+** entries (tsp_tile_ring_at), instead of BM * V entries: 6 KB instead of 13.5
+** at V = 27, so four blocks of tile 13's shape fit an SM.  Column j sits in
+** slot j % TSP_STEPS_RING.  A tile's first min(count, slots) columns are
+** copied at its start (tsp_tile_ring_from_steps); a tile with more used
+** offsets refills the slot of column j - 1 with column j + slots - 1 as its
+** loader reaches column j (tsp_steps_col_async), slots - 1 steps before that
+** column's gather.  On lidar_198k (subm 3x3x3 at 0.05 m) 84% of the tiles use
+** at most 12 offsets, so most tiles copy no column in their step loop. */
+enum { TSP_STEPS_RING = 12 };
+static __host__ __device__ __forceinline__ int tsp_tile_ring_slots(int volume) {
+  return volume < TSP_STEPS_RING ? volume : TSP_STEPS_RING;
+}
 static __host__ __device__ __forceinline__ size_t tsp_tile_ring_smem_bytes(int bm, int volume) {
-  return ((size_t)TSP_STEPS_RING * bm + (size_t)tsp_steps_head_words(bm, volume)) * 4;
+  return ((size_t)tsp_tile_ring_slots(volume) * bm + (size_t)tsp_steps_head_words(bm, volume)) * 4;
 }
 
 /* The ring's column slots at base, the head after them (nb unused: NULL). */
@@ -426,42 +435,57 @@ static __device__ __forceinline__ tsp_tile_smem tsp_tile_ring_at(void *base, int
   tsp_tile_smem t;
   *ring = (int32_t *)base;
   t.nb = nullptr;
-  t.groups = (uint32_t *)(*ring + TSP_STEPS_RING * bm);
+  t.groups = (uint32_t *)(*ring + tsp_tile_ring_slots(volume) * bm);
   t.list = (int32_t *)(t.groups + volume);
   t.count = t.list + volume;
   t.rows = t.count + 4;
   return t;
 }
 
+/* The columns of the step plan record of the tile at row0. */
+template <int BM>
+static __device__ __forceinline__ const int32_t *tsp_steps_cols(const int32_t *__restrict__ steps, int64_t row0,
+                                                                int volume) {
+  return steps + (row0 / BM) * tsp_steps_words(BM, volume) + tsp_steps_head_words(BM, volume);
+}
+
 /* Column j of the record (entries of list[j], -1 past count) into ring slot
 ** j % TSP_STEPS_RING, by cp.async in the caller's group: BM / 4 16-byte
-** copies over the NT threads.  The entries land unchecked: the gather checks
-** each against [0, src_rows). */
-template <int BM, int NT>
+** copies, one by each lane of the block's first warp, so the caller calls it
+** on that warp alone (a warp-uniform test).  The entries land unchecked: the
+** gather checks each against [0, src_rows).  Why a warp: a loop over tid, or
+** a test of tid, in the step loop cost ptxas its uniform registers there (the
+** stage and the wgmma descriptors went through R2UR each step). */
+template <int BM>
 static __device__ __forceinline__ void tsp_steps_col_async(const int32_t *__restrict__ cols, int j, int32_t *ring,
-                                                           int tid) {
-#pragma unroll
-  for (int i = tid; i < BM / 4; i += NT)
-    tsp_cp_async16(ring + (j % TSP_STEPS_RING) * BM + 4 * i, cols + (int64_t)j * BM + 4 * i, true);
+                                                           int lane) {
+  static_assert(BM == 128, "a column is one 16-byte copy per lane of a warp");
+  tsp_cp_async16(ring + ((unsigned)j % TSP_STEPS_RING) * BM + 4 * lane, cols + (int64_t)j * BM + 4 * lane, true);
 }
 
 /* The ring variant's first phase: columns 0 and 1 by cp.async while the head
 ** is copied, so a tile waits one memory round trip before its first gather;
-** ends with every copy landed and a __syncthreads().  Returns the record's
-** columns. */
+** then, with the head landed (a __syncthreads()), columns 2 .. min(count,
+** slots) - 1 by cp.async in the caller's next group, which the caller's
+** first wait lands before its second step is loaded.  first_warp: the
+** calling thread is in warp 0 (warp-uniform). */
 template <int BM, int NT>
-static __device__ __forceinline__ const int32_t *tsp_tile_ring_from_steps(const int32_t *__restrict__ steps,
-                                                                          int64_t row0, int volume, int64_t rows,
-                                                                          const tsp_tile_smem &t, int32_t *ring) {
-  const int tid = (int)threadIdx.x;
+static __device__ __forceinline__ void tsp_tile_ring_from_steps(const int32_t *__restrict__ steps, int64_t row0,
+                                                                int volume, int64_t rows, const tsp_tile_smem &t,
+                                                                int32_t *ring, bool first_warp) {
+  const int tid = (int)threadIdx.x, lane = tid & 31;
   const int32_t *rec = steps + (row0 / BM) * tsp_steps_words(BM, volume);
-  const int32_t *cols = rec + tsp_steps_head_words(BM, volume);
-  for (int j = 0; j < TSP_STEPS_RING && j < volume; ++j) tsp_steps_col_async<BM, NT>(cols, j, ring, tid);
+  const int32_t *cols = tsp_steps_cols<BM>(steps, row0, volume);
+  const int slots = tsp_tile_ring_slots(volume);
+  if (first_warp)
+    for (int j = 0; j < 2 && j < slots; ++j) tsp_steps_col_async<BM>(cols, j, ring, lane);
   tsp_cp_async_commit();
   tsp_steps_copy_head<BM, NT>(rec, volume, rows, t, tid);
   tsp_cp_async_wait<0>();
   __syncthreads();
-  return cols;
+  const int first = *t.count < slots ? *t.count : slots;
+  if (first_warp)
+    for (int j = 2; j < first; ++j) tsp_steps_col_async<BM>(cols, j, ring, lane);
 }
 
 /* The map entry of tile row r for list index j (offset k = list[j]) in the

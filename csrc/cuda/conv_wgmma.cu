@@ -91,10 +91,11 @@ template <int MW, int BN, int BK, int STAGES, bool SW, bool RING = false> static
 ** subm C = 64 fwd 37.9 -> 53.3, dgrad 37.5 -> 54.0; down3 fwd 47.8 -> 62.6;
 ** down2 fwd 15.8 -> 21.8; up2 fwd 17.6 -> 25.9. */
 /* RING (wgmma_ring_kernel: tile TSP_TILE_RING with a step plan, one step
-** loaded ahead): the tile's map entries stay in the plan; each list index's
-** column is copied into a two-column ring in shared memory one step before
-** its gather (conv_tile.cuh tsp_tile_ring_*), so the block needs 13 KB less
-** shared memory at V = 27. */
+** loaded ahead): the tile's map entries stay in the plan, and a ring of 12
+** columns in shared memory holds those of its first 12 used offsets, the
+** later ones each copied into the slot of the column gathered before it,
+** 11 steps ahead of its gather (conv_tile.cuh tsp_tile_ring_*), so the block
+** needs 7.5 KB less shared memory at V = 27 and four fit an SM. */
 template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT, bool RING, bool PACK>
 static __device__ __forceinline__ void
     wgmma_os_tile(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
@@ -123,15 +124,15 @@ static __device__ __forceinline__ void
   ** from it stay in uniform registers (no R2UR per descriptor and step). */
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), lane = tid & 31,
             wwarp = (tid >> 5) & 3;
+  const bool first_warp = __shfl_sync(0xffffffffu, tid >> 5, 0) == 0; /* RING: copies the ring's columns */
   int64_t row0;
   int n0;
   int split; /* split-K: which run of the tile's offsets this block sums */
   tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
   const bool from_steps = plan_steps != nullptr; /* a step plan (conv_tile.cuh) */
-  const int32_t *cols = nullptr; /* RING: the record's columns */
-  if (RING)
-    cols = tsp_tile_ring_from_steps<BM, NT>(plan_steps, row0, volume, rows, tile, s_ring);
+  if constexpr (RING)
+    tsp_tile_ring_from_steps<BM, NT>(plan_steps, row0, volume, rows, tile, s_ring, first_warp);
   else if (from_steps)
     tsp_tile_from_steps<BM, NT>(plan_steps, row0, volume, rows, src_rows, tile);
   else
@@ -149,7 +150,8 @@ static __device__ __forceinline__ void
   ** with BN = 32, below, 21.4 / 21.0). */
   const int gsh = !PACK ? 3 : red <= 8 ? 0 : red <= 16 ? 1 : 2; /* log2 cpo */
   const int pk = 8 >> gsh;                                       /* P */
-  const int steps = PACK ? (*tile.count + pk - 1) / pk : *tile.count * chunks;
+  const int tile_count = *tile.count; /* the used offsets */
+  const int steps = PACK ? (tile_count + pk - 1) / pk : tile_count * chunks;
 
   /* Stage loader: chunk i of a stage (16 bytes) lands at element 8 i (file header).
   ** Tried, not kept: 0-byte cp.async zero fills instead of the branch to a shared store
@@ -167,7 +169,8 @@ static __device__ __forceinline__ void
       const int c = c0 + (SW ? i & 7 : (i >> 3) % (BK / 8)) * 8;
       if (!((used >> ((r >> 6) * 4)) & 0xFu)) continue;
       const int32_t p =
-          RING ? s_ring[(li % TSP_STEPS_RING) * BM + r] : tsp_tile_entry(tile, from_steps, BM, volume, r, li, k);
+          RING ? s_ring[((unsigned)li % TSP_STEPS_RING) * BM + r]
+               : tsp_tile_entry(tile, from_steps, BM, volume, r, li, k);
       const bool valid = p >= 0 && c < red && (!RING || p < src_rows);
       T *dst = SW ? a_dst + r * 64 + ((i ^ r) & 7) * 8 : a_dst + 8 * i;
       tsp_cp_async16(dst, valid ? src + (int64_t)p * red + c : src, valid);
@@ -233,18 +236,20 @@ static __device__ __forceinline__ void
     uint32_t used = PACK ? 0u : s_groups[k];
     for (int s = pk * li; PACK && s < pk * li + pk && s < count; ++s) used |= s_groups[s_list[s]];
     /* Entry of row tr + 32 it: ent[it * es], in the layout the tile was built in. */
-    const int32_t *ent = RING         ? s_ring + (li % TSP_STEPS_RING) * BM + tr
+    const int32_t *ent = RING         ? s_ring + ((unsigned)li % TSP_STEPS_RING) * BM + tr
                          : from_steps ? tile.nb + jh * BM + tr
                                       : tile.nb + tr * volume + k;
     const int es = RING || from_steps ? 32 : 32 * volume;
     const bool c_ok = has && c0 + cq * 8 < red;
+    /* RING: the entries landed unchecked; one unsigned compare tests 0 <= p < src_rows */
+    const uint32_t p_lim = src_rows < 0x80000000LL ? (uint32_t)src_rows : 0x80000000u;
     const char *src_c = (const char *)(src + c0 + cq * 8);
     const uint32_t a_sm = a_sm0 + (uint32_t)stage * (A_STAGE * 2);
 #pragma unroll
     for (int it = 0; it < BM * BK / 8 / NT; ++it) {
       if (!((used >> (4 * (32 * it / 64))) & 0xFu)) continue;
       const int32_t p = ent[it * es];
-      const bool valid = c_ok && p >= 0 && (!RING || p < src_rows);
+      const bool valid = c_ok && (RING ? (uint32_t)p < p_lim : p >= 0);
       tsp_cp_async16_at(a_sm + it * 4096, src_c + (int64_t)p * red2, valid);
     }
     const uint32_t b_sm = b_sm0 + (uint32_t)stage * (B_STAGE * 2);
@@ -336,9 +341,18 @@ static __device__ __forceinline__ void
     uint32_t loaded = 0u;
     if (step + AHEAD < steps) {
       loaded = load(load_li, load_c0, (step + AHEAD) % STAGES);
-      /* The next column goes to the slot of the one read before this step's
-      ** barrier; the barrier after the next wait finds it landed. */
-      if (RING && load_li + 1 < *tile.count) tsp_steps_col_async<BM, NT>(cols, load_li + 1, s_ring, tid);
+      /* Column load_li + slots - 1 goes to the slot of column load_li - 1, read
+      ** before this step's barrier; it is gathered slots - 1 list entries on
+      ** (conv_tile.cuh).  Columns below the slot count came at the tile's start. */
+      if constexpr (RING)
+        if (first_warp && load_c0 == 0 && load_li >= 1 && load_li + TSP_STEPS_RING - 1 < tile_count) {
+          /* the record's place again, not a pointer held through the loop (64 registers) */
+          int64_t r0;
+          int c0_, s_;
+          tsp_tile_origin_split(n, BM, BN, splits, &r0, &c0_, &s_);
+          tsp_steps_col_async<BM>(tsp_steps_cols<BM>(plan_steps, r0, volume), load_li + TSP_STEPS_RING - 1,
+                                  s_ring, lane);
+        }
       load_c0 += BK;
       if (load_c0 >= red) load_c0 = 0, ++load_li;
     }
@@ -476,19 +490,33 @@ __global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN <= 64 ? 4 : 1)
       tile_rows, offsets, volume, red, n, out, accum, mode, splits, plan_steps);
 }
 
-/* Tile TSP_TILE_RING at n <= 64 with a step plan: tile 13's shape with the
-** entries in a ring, four blocks per SM (50.7 KB of shared memory and at most
-** 64 registers a thread each; tile 13 holds the tile's BM x V entries, 64.8
-** KB, three blocks).  H100, lidar_198k at 0.05 m, fp16, main kernel us, tile
-** 13 -> this, three rounds each in one call (2026-11-27): down2 C = 64 fwd
+/* Tile TSP_TILE_RING at n <= 64 with a step plan (tile 0 there, conv.cu
+** resolve_tile): tile 13's shape with the entries in a ring of 12 columns,
+** four blocks per SM (55.7 KB of shared memory at V = 27 and at most 64
+** registers a thread each; tile 13 holds the tile's BM x V entries, 64.8
+** KB, three blocks).
+** Session 60 (H200, lidar_198k, fp16, main kernel us from CUDA graph
+** replays, two rounds in one call, .peers/s60 call 3): the ring went from two
+** columns (one copied every step, a step ahead) to 12, and its step loop
+** from 342 to 222 SASS instructions (tile 13: 188): the column copies by
+** warp 0 alone, not a loop over tid (which cost ptxas the uniform registers
+** of the stage and the descriptors: R2UR each step), the record's place
+** worked out again at a copy rather than held in two registers, one
+** unsigned test of an entry.  Tile 13 / two-column ring / this:
+** subm C = 64 fwd 36.5, 36.2 / 39.8, 39.3 / 36.3, 36.0, dgrad 36.7, 36.3 /
+** 39.4, 39.4 / 35.7, 35.4; down3 fwd 45.8, 45.4 / 44.5, 44.2 / 42.6, 42.5,
+** dgrad 31.6, 31.4 / 29.0, 28.8 / 28.0, 27.7; down2 fwd 13.2, 13.0 / 13.5,
+** 13.4 / 13.2, 13.0, dgrad 15.7, 15.5 / 15.2, 15.2 / 15.0, 14.8; up2 fwd
+** 15.8, 15.5 / 15.2, 15.3 / 15.1, 14.9, dgrad 13.5, 13.2 / 13.5, 13.7 /
+** 13.2, 13.0.  Eight columns (53.7 KB): subm fwd 37.4, 37.1 (22.6% of its
+** tiles use more than 8 offsets, 15.6% more than 12).  Calls 1-2 placed the
+** loss of the ring before: 12 columns with the old step loop took subm fwd
+** 39.1-39.6 (three blocks per SM, padded: 39.7-39.8), as slow as two
+** columns, so neither the per-step copies nor the fourth block was it.
+** Before (H100, 2026-11-27), tile 13 -> the two-column ring: down2 C = 64 fwd
 ** 17.9 -> 17.2, dgrad 18.4 -> 17.4; down3 fwd 54.5 -> 54.7, dgrad 37.8 ->
 ** 34.6; up2 fwd 21.5 -> 17.9, dgrad 16.2 -> 17.0; subm fwd 45.0 -> 48.5,
-** dgrad 45.3 -> 48.8.  More blocks pay where tiles are short (few offsets
-** per tile: their prologues and epilogues overlap), not on the submanifold
-** layer, so tile 0 stays 13 and the tuner picks this where it wins.  The ring
-** with three blocks per SM (74 registers) was slower than tile 13 at all
-** but up2's forward (subm fwd 46.1, down2 dgrad 20.5): a first gather one
-** round trip sooner does not pay for the per-step column copies.
+** dgrad 45.3 -> 48.8.
 ** Tried 2026-11-28 and not kept (H100, lidar_198k, fp16, main kernel us, two
 ** rounds, one call each; all passed test_dataflows' real-scan cases):
 **   - 3 stages with two steps loaded ahead (each column copied two steps
