@@ -120,8 +120,8 @@ enum { TSP_SPLIT_K_MAX = 16 };
 **
 ** tile on CUDA, fp16/bf16: 0 is the kernel's default (on sm_90a builds on
 ** sm_90 devices when both channel counts are >= 64: the swizzled wgmma tile
-** 18 for 64 produced channels (13 without a step plan or with split-K), the
-** ping-pong tile 16 for 65-128 where it fits, the
+** 18 for 33-64 produced channels (13 without a step plan or with split-K),
+** the ping-pong tile 16 for 65-128 where it fits, the
 ** warp-specialized 15 above; on passes with few 128-row tiles for the GPU's
 ** SMs, tile 16 in 128-column tiles above 128 too, or 17 (the ping-pong tile in
 ** 64-column tiles) on the fewest; else mma.sync: cuda/conv.cu resolve_tile); 1-2

@@ -229,9 +229,9 @@ def _check_pass(x, w, dy, km, geom, a, want_y, want_dx, label, tol=None):
 def test_dataflow_real_scan(cin, cout):
     """A real LiDAR crop (submanifold 3x3x3 and stride-2 K=2): fwd and dgrad of every dataflow
     against the fp64 gather reference on the reference kernel map, and bitwise stable run to run.
-    (64, 32), (40, 128), (128, 48) and (48, 48): tile 0 is a wgmma tile (18, 13's ring, where 32 < n <= 64; 13 at n = 32)
-    where a pass reduces over red > 32 channels and produces n >= 32 (conv.cu resolve_tile), and
-    mma.sync at red <= 32."""
+    (64, 32), (40, 128), (128, 48) and (48, 48): tile 0 is a wgmma tile (18, 13's ring, where
+    32 < n <= 64; 13 at n = 32) where a pass reduces over red > 32 channels and produces n >= 32
+    (conv.cu resolve_tile), and mma.sync at red <= 32."""
     c = lidar_crop().cuda()
     dtype = torch.float16
     for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
