@@ -73,6 +73,14 @@ def random_coords(n, span=5, batches=2, stride=1, seed=0, shift=(0, 0, 0), batch
     return c[perm].int().contiguous()
 
 
+def dense_cube(lo, hi):
+    """int32 [(hi - lo)^3, 4] coordinates of every site of the cube [lo, hi)^3 in batch 0, x slowest:
+    interior rows have all 27 offsets of a 3x3x3 kernel (the dense worst case)."""
+    r = torch.arange(lo, hi)
+    g = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
+    return torch.cat([torch.zeros(g.shape[0], 1, dtype=torch.long), g], 1).int()
+
+
 def randn(*shape, seed=0, dtype=torch.float64, device="cpu", scale=1.0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype=dtype, device=device)

@@ -17,7 +17,7 @@ import torch
 import reference as ref
 import torchsp
 from cases import CASES, build, reference_grads
-from conftest import CUDA, crop_voxels, lidar_crop, load_lidar, poison_cuda_cache, randn, real_scan_layer, rel_err
+from conftest import CUDA, crop_voxels, dense_cube, lidar_crop, load_lidar, poison_cuda_cache, randn, real_scan_layer, rel_err
 from torchsp.plan import _build, pass_plan, segmented
 
 F = torchsp.functional
@@ -269,9 +269,7 @@ def test_ring_refills_dense_cube(stride, cin):
     channels (128 input channels: two K chunks per offset), submanifold and stride 2, fp16,
     against the fp64 gather reference into NaN-poisoned memory; bitwise equal to tile 13, which
     holds every column (the same products in the same order), and run to run."""
-    r = torch.arange(12)
-    g = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
-    c = torch.cat([torch.zeros(g.shape[0], 1, dtype=torch.long), g], 1).int().cuda()
+    c = dense_cube(0, 12).cuda()
     geom = torchsp.kmap.ConvGeometry(3, stride)
     x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(c, geom, cin, 64, torch.float16)
     if stride == 1:  # the step plan's offset counts: most tiles refill the ring
@@ -727,9 +725,7 @@ def test_misaligned_operands(device, tile):
 def test_dataflow_worst_cases(name, shape):
     """All 27 offsets present in most rows, one row, odd and wide channel counts."""
     if shape == "dense_cube":
-        r = torch.arange(-4, 5)
-        g = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
-        c = torch.cat([torch.zeros(g.shape[0], 1, dtype=torch.long), g], 1).int()
+        c = dense_cube(-4, 5)
     elif shape == "one_row":
         c = torch.tensor([[0, 3, -2, 7]], dtype=torch.int32)
     else:

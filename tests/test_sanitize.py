@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torchsp
+from conftest import dense_cube
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -185,9 +186,7 @@ def test_ring_refills():
     sanitizers: a dense 10^3 cube, 3x3x3, whose tiles mostly use all 27 offsets, 72 -> 64
     channels (two K chunks per offset), fwd and dgrad against the CPU float64 kernels and
     bitwise equal to tile 13."""
-    r = torch.arange(10)
-    g = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
-    coords = torch.cat([torch.zeros(g.shape[0], 1, dtype=torch.long), g], 1).int()
+    coords = dense_cube(0, 10)
     feats = torch.randn(coords.shape[0], 72, dtype=torch.float64)
     w = torch.randn(27, 72, 64, dtype=torch.float64) / 40
     km_cpu = torchsp.kmap.get_kernel_map(torchsp.SparseTensor(feats, coords), 3)[0]

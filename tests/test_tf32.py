@@ -28,7 +28,7 @@ import torch
 import reference as ref
 import torchsp
 from cases import BY_NAME, build, reference_grads
-from conftest import CUDA, lidar_crop, poison_cuda_cache, randn, real_scan_layer
+from conftest import CUDA, dense_cube, lidar_crop, poison_cuda_cache, randn, real_scan_layer
 from torchsp import tune
 from torchsp.plan import TF32_TILE, pass_plan, segmented, takes_segments
 
@@ -186,9 +186,7 @@ def test_tf32_real_scan(cin, cout):
 
 def _worst_coords(shape):
     if shape == "dense_cube":  # 9^3 sites: interior rows have all 27 offsets
-        r = torch.arange(-4, 5)
-        g = torch.stack(torch.meshgrid(r, r, r, indexing="ij"), -1).reshape(-1, 3)
-        return torch.cat([torch.zeros(g.shape[0], 1, dtype=torch.long), g], 1).int()
+        return dense_cube(-4, 5)
     if shape == "one_row":
         return torch.tensor([[0, 3, -2, 7]], dtype=torch.int32)
     gen = torch.Generator().manual_seed(7)
