@@ -131,12 +131,28 @@ static __device__ __forceinline__ void
   tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
   const bool from_steps = plan_steps != nullptr; /* a step plan (conv_tile.cuh) */
-  if constexpr (RING)
-    tsp_tile_ring_from_steps<BM, NT>(plan_steps, row0, volume, rows, tile, s_ring, first_warp);
-  else if (from_steps)
+  /* RING is launched with a step plan only (dispatch_swizzled below), so
+  ** its tsp_tile_offsets branch is never taken (it would fault: the ring has
+  ** no tile.nb).  The runtime test is there on purpose: with the ring's
+  ** set-up alone, ptxas (nvcc 13.0) kept the step counter and the warpgroup
+  ** index in ordinary registers and moved the four wgmma descriptors through
+  ** R2UR each step; with it, the step loop went 222 -> 200 SASS instructions
+  ** and none is an R2UR (cuobjdump).  H200, lidar_198k, fp16, main kernel us
+  ** from CUDA graph replays, two rounds each in one call (2026-11-28, this
+  ** and PACK's change below): subm C = 64 fwd 36.3, 36.1 -> 35.9, 35.5;
+  ** down3 fwd 42.6, 42.6 -> 41.6, 41.5, dgrad 27.8, 27.9 -> 27.4, 27.4;
+  ** down2 fwd 13.1, 13.1 -> 12.7, 12.7; others within 1%; sums bitwise. */
+  if constexpr (RING) {
+    if (from_steps)
+      tsp_tile_ring_from_steps<BM, NT>(plan_steps, row0, volume, rows, tile, s_ring, first_warp);
+    else
+      tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split,
+                               splits);
+  } else if (from_steps) {
     tsp_tile_from_steps<BM, NT>(plan_steps, row0, volume, rows, src_rows, tile);
-  else
+  } else {
     tsp_tile_offsets<BM, NT>(map, order, plan_map, rows, tile_rows, row0, volume, offsets, src_rows, tile, split, splits);
+  }
   accum = tsp_split_accum(accum, split, rows, n);
   if (tsp_tile_adds_nothing(mode, *tile.count)) return; /* block-uniform */
   const int chunks = (red + BK - 1) / BK;
@@ -232,9 +248,19 @@ static __device__ __forceinline__ void
     const bool has = !PACK || j < count;
     const int jh = has ? j : 0; /* an entry past the count reads entry 0's row and copies zeros */
     const int k = s_list[jh];
-    /* m64 blocks with no row for the step's offsets are skipped, never read */
-    uint32_t used = PACK ? 0u : s_groups[k];
-    for (int s = pk * li; PACK && s < pk * li + pk && s < count; ++s) used |= s_groups[s_list[s]];
+    /* m64 blocks with no row for the step's offsets are skipped, never read.
+    ** PACK: the step's P entries are those of lanes tq = 0 .. 7 of each row,
+    ** so the warp's OR of its lanes' words is the step's: one REDUX instead
+    ** of a loop of 2 P dependent shared loads, whose trip count (from shared
+    ** memory) also cost ptxas the uniform registers of the stage and the
+    ** wgmma descriptors (R2UR each step).  Every lane of the warp is here:
+    ** the loads are block-uniform.  Step loop, fp16 BN = 32: forward 404 ->
+    ** 228 SASS instructions, dgrad 387 -> 206; main kernel us (as above):
+    ** subm C = 32 fwd 21.1, 21.1 -> 20.4, 20.4, dgrad 21.2, 21.1 -> 20.2,
+    ** 20.2; C = 16 fwd 17.2, 17.1 -> 16.8, 16.9, dgrad 17.3, 17.2 -> 16.5,
+    ** 16.5. */
+    uint32_t used = has ? s_groups[k] : 0u;
+    if (PACK) used = __reduce_or_sync(0xffffffffu, used);
     /* Entry of row tr + 32 it: ent[it * es], in the layout the tile was built in. */
     const int32_t *ent = RING         ? s_ring + ((unsigned)li % TSP_STEPS_RING) * BM + tr
                          : from_steps ? tile.nb + jh * BM + tr
