@@ -248,14 +248,14 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
   ** warpgroup wg), queued, then a wait for the slab before: this slab's stage
   ** is overwritten AHEAD slabs later, after a barrier. */
   __device__ __forceinline__ void multiply(float (&acc)[ACC], int slab, int wg) const {
-    const T *a_s = s_a + (slab % STAGES) * A_STAGE + wg * BLOCK;
-    const T *b_s = s_b + (slab % STAGES) * B_STAGE;
+    /* the descriptors' low words once a slab; a k16 slice is 2048 bytes (128 >> 4) on */
+    const uint32_t a_lo = wg_desc_lo_sw128_mn(s_a + (slab % STAGES) * A_STAGE + wg * BLOCK, BLOCK * 2);
+    const uint32_t b_lo = wg_desc_lo_sw128_mn(s_b + (slab % STAGES) * B_STAGE, BLOCK * 2);
     acc_fence(acc);
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks)
-      wg_op<BN>::template run_tt<T>(acc, wg_desc_sw128_mn(a_s + ks * 16 * 64, BLOCK * 2),
-                                    wg_desc_sw128_mn(b_s + ks * 16 * 64, BLOCK * 2));
+      wg_op<BN>::template run_tt<T>(acc, wg_desc_of_lo(a_lo + 128 * ks), wg_desc_of_lo(b_lo + 128 * ks));
     wg_commit();
     wg_wait<1>();
     acc_fence(acc);
@@ -275,7 +275,10 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
   __device__ __forceinline__ void product(float (&acc)[ACC], const T *__restrict__ x,
                                           const T *__restrict__ dy, int c_in, int c_out, int m0,
                                           int n0, int count) const {
-    const int wg = threadIdx.x >> 7;
+    /* through a shuffle: provably warp-uniform, so the wgmma descriptors stay
+    ** in uniform registers (conv_wgmma.cu; 175 -> 164 SASS instructions a
+    ** slab at C = 64, no R2UR) */
+    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     const int slabs = (count + BK - 1) / BK;
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
@@ -363,7 +366,22 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
                                                  const int32_t *__restrict__ pairs, const int32_t *__restrict__ map,
                                                  int volume, int k, int64_t n_in, int64_t n_out, int64_t first,
                                                  int64_t stride, int64_t end, int slabs) const {
-    const int wg = threadIdx.x >> 7;
+    /* wg and the slab count through shuffles: ptxas then knows both are
+    ** warp-uniform, keeps the slab counter and the wgmma descriptors in
+    ** uniform registers and moves none through R2UR (16 a slab before).
+    ** With multiply()'s low words, the slab loop at C = 64 went 238 -> 201
+    ** SASS instructions, C = 256 304 -> 267 (cuobjdump, nvcc 13.0).  H200,
+    ** lidar_198k, fp16, main kernel us from CUDA graph replays, three rounds
+    ** in one call, the libraries' order rotated (2026-11-28): subm C = 128
+    ** 75.0 / 75.4 / 74.2 -> 70.1 / 70.5 / 69.9, down3 C = 128 50.5 / 51.1 /
+    ** 50.6 -> 47.1 / 48.2 / 47.5, subm C = 256 (power-capped) 221.2 / 222.5 /
+    ** 205.9 -> 203.6 / 218.0 / 191.1, subm C = 32 35.1 / 35.3 / 34.7 -> 34.0
+    ** / 34.7 / 34.3; C = 64 within the noise (subm 36.6-37.5 -> 36.4-39.0);
+    ** dw bitwise.  The shuffles without the low words were slower at subm C =
+    ** 64 (37.5-38.7), the low words without the slab-count shuffle gained
+    ** half as much at C = 128 (72.1-72.7). */
+    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
+    slabs = __shfl_sync(0xffffffffu, slabs, 0);
     const int lim_in = n_in < INT_MAX ? (int)n_in : INT_MAX, lim_out = n_out < INT_MAX ? (int)n_out : INT_MAX;
     ring_fill(pairs, map, volume, k, n_in, n_out, first, stride, end, slabs);
     __syncthreads();
