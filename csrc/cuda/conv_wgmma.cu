@@ -528,7 +528,8 @@ __global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN <= 64 ? 4 : 1)
 ** warp 0 alone, not a loop over tid (which cost ptxas the uniform registers
 ** of the stage and the descriptors: R2UR each step), the record's place
 ** worked out again at a copy rather than held in two registers, one
-** unsigned test of an entry.  Tile 13 / two-column ring / this:
+** unsigned test of an entry (session 61: 200, wgmma_os_tile's set-up
+** test).  Tile 13 / two-column ring / this:
 ** subm C = 64 fwd 36.5, 36.2 / 39.8, 39.3 / 36.3, 36.0, dgrad 36.7, 36.3 /
 ** 39.4, 39.4 / 35.7, 35.4; down3 fwd 45.8, 45.4 / 44.5, 44.2 / 42.6, 42.5,
 ** dgrad 31.6, 31.4 / 29.0, 28.8 / 28.0, 27.7; down2 fwd 13.2, 13.0 / 13.5,
