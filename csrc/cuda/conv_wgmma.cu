@@ -28,7 +28,7 @@
 ** contiguous bytes of each row.
 ** Tiles 12 and 13 (SW) use the 128-byte swizzled layout instead (BK = 64:
 ** row r's 128 bytes at 128 r, its chunk c at chunk c ^ (r % 8); see
-** wg_desc_sw128), which lets a warp copy 4 whole rows per instruction.
+** wg_desc_lo_sw128), which lets a warp copy 4 whole rows per instruction.
 ** Tiles 6-10 read B K-major: dgrad's w[k] is [n, red] already; forward's
 ** w[k] is [red, n], so conv.cu first writes w^T into the caller's workspace
 ** (tsp_conv_wgmma_weights, V * red * n elements: 2.2 us and a launch at
@@ -63,14 +63,14 @@ template <int MW, int BN, int BK, int STAGES, bool SW, bool RING = false> static
 /* PIPE: keep one step's wgmma in flight while the next step's barrier and
 ** loads are issued; stages then run STAGES - 2 steps ahead instead of
 ** STAGES - 1 (the stage read by the pending wgmma is not overwritten). */
-/* SW: both operands in the 128-byte swizzled layout (wg_desc_sw128): a warp's
+/* SW: both operands in the 128-byte swizzled layout (wg_desc_lo_sw128): a warp's
 ** 32 16-byte copies then read 4 whole 128-byte row segments (one L2 request
 ** each) instead of 64-byte halves of 8 rows, and still write shared memory
 ** without bank conflicts. */
 /* BT (SW only): w is the forward's [volume, red, n] as stored, so B is
 ** MN-major: a stage holds BN / 64 blocks of BK reduction rows x 64 channels,
 ** reduction row j's 128 bytes at 128 j of its block, chunk q at chunk q ^ (j % 8)
-** (wg_desc_sw128_mn), and wgmma reads it transposed (imm-trans-b).  A warp's
+** (wg_desc_lo_sw128_mn), and wgmma reads it transposed (imm-trans-b).  A warp's
 ** copies still read 4 whole 128-byte row segments of w. */
 /* BN = 32 (tile 13 at n <= 32, four blocks per SM: 55 KB of shared memory at
 ** V = 27, 64 registers): m64n32 wgmma, where BN = 64 copied and multiplied
@@ -141,7 +141,7 @@ static __device__ __forceinline__ void
   ** from CUDA graph replays, two rounds each in one call (2026-11-28, this
   ** and PACK's change below): subm C = 64 fwd 36.3, 36.1 -> 35.9, 35.5;
   ** down3 fwd 42.6, 42.6 -> 41.6, 41.5, dgrad 27.8, 27.9 -> 27.4, 27.4;
-  ** down2 fwd 13.1, 13.1 -> 12.7, 12.7; others within 1%; sums bitwise. */
+  ** down2 fwd 13.1, 13.1 -> 12.7, 12.7; others within 2%; sums bitwise. */
   if constexpr (RING) {
     if (from_steps)
       tsp_tile_ring_from_steps<BM, NT>(plan_steps, row0, volume, rows, tile, s_ring, first_warp);

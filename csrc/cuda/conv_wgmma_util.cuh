@@ -79,30 +79,25 @@ enum { WG_DESC_SW128_HI = (1024 >> 4) | (1 << 30) };
 static __device__ __forceinline__ uint64_t wg_desc_of_lo(uint32_t lo) {
   return ((uint64_t)WG_DESC_SW128_HI << 32) | lo;
 }
-static __device__ __forceinline__ uint32_t wg_desc_lo_sw128(const void *smem) {
-  return ((tsp_smem_addr(smem) & 0x3FFFF) >> 4) | (1u << 16);
-}
-static __device__ __forceinline__ uint32_t wg_desc_lo_sw128_mn(const void *smem, uint32_t lbo) {
-  return ((tsp_smem_addr(smem) & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
-}
 
-/* wg_desc's descriptor for the 128-byte swizzle (layout type 1): K-major rows of 64
+/* The low word for the 128-byte swizzle (layout type 1): K-major rows of 64
 ** 16-bit elements (128 bytes) at a 128-byte pitch, the 16-byte chunk c of row
 ** r stored at chunk c ^ (r % 8); 8-row groups 1024 bytes apart (SBO); LBO
 ** unused (1).  The atom must start 1024-byte aligned; a k16 slice inside it
 ** starts 32 bytes on. */
-static __device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem) {
-  return wg_desc_of_lo(wg_desc_lo_sw128(smem));
+static __device__ __forceinline__ uint32_t wg_desc_lo_sw128(const void *smem) {
+  return ((tsp_smem_addr(smem) & 0x3FFFF) >> 4) | (1u << 16);
 }
 
-/* The 128-byte swizzle for MN-major operands (wgrad's A and B, the forward's
-** B in conv_wgmma.cu's swizzled tiles, read with imm-trans = 1): 64 channels (128 bytes) per K row, the 16-byte chunk c of
-** K row r stored at chunk c ^ (r % 8), K rows at a 128-byte pitch; SBO =
-** 1024 bytes to the next 8 K rows, LBO = `lbo` bytes to the next 64
-** channels (PTX ISA: "Leading Dimension Byte Offset", MN-major swizzled).
-** The atom must start 1024-byte aligned; a k16 slice starts 2048 bytes on. */
-static __device__ __forceinline__ uint64_t wg_desc_sw128_mn(const void *smem, uint32_t lbo) {
-  return wg_desc_of_lo(wg_desc_lo_sw128_mn(smem, lbo));
+/* The low word for the 128-byte swizzle of MN-major operands (wgrad's A and
+** B, the forward's B in conv_wgmma.cu's swizzled tiles, read with imm-trans =
+** 1): 64 channels (128 bytes) per K row, the 16-byte chunk c of K row r
+** stored at chunk c ^ (r % 8), K rows at a 128-byte pitch; SBO = 1024 bytes to
+** the next 8 K rows, LBO = `lbo` bytes to the next 64 channels (PTX ISA:
+** "Leading Dimension Byte Offset", MN-major swizzled).  The atom must start
+** 1024-byte aligned; a k16 slice starts 2048 bytes on. */
+static __device__ __forceinline__ uint32_t wg_desc_lo_sw128_mn(const void *smem, uint32_t lbo) {
+  return ((tsp_smem_addr(smem) & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
 }
 
 /* The 64-byte swizzle for an MN-major operand of 32 channels (the forward's B

@@ -66,7 +66,7 @@
 ** fills directly: A = the slab's x rows (BK pairs x BM channels of c_in), B
 ** = its dy rows (BK pairs x BN channels of c_out).  Each operand is stored as
 ** 64-channel blocks of BK rows x 128 bytes, 128-byte swizzle (pair r's
-** 16-byte chunk c at chunk c ^ (r % 8); wg_desc_sw128_mn): a warp's copies
+** 16-byte chunk c at chunk c ^ (r % 8); wg_desc_lo_sw128_mn): a warp's copies
 ** read 4 whole 128-byte row segments and write shared memory without bank
 ** conflicts.  Warpgroup g multiplies c_in rows [64 g, 64 g + 64) of the tile
 ** by all BN columns: BK / 16 wgmma m64nBNk16 per slab, one slab kept in
@@ -276,8 +276,8 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
                                           const T *__restrict__ dy, int c_in, int c_out, int m0,
                                           int n0, int count) const {
     /* through a shuffle: provably warp-uniform, so the wgmma descriptors stay
-    ** in uniform registers (conv_wgmma.cu; 175 -> 164 SASS instructions a
-    ** slab at C = 64, no R2UR) */
+    ** in uniform registers (conv_wgmma.cu; with multiply()'s low words 175 ->
+    ** 145 SASS instructions a slab at C = 64, no R2UR) */
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     const int slabs = (count + BK - 1) / BK;
 #pragma unroll

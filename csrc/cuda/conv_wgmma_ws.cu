@@ -18,7 +18,7 @@
 ** memory (conv_tile.cuh, all threads), the producers walk the (offset,
 ** 64-channel chunk) steps:
 **   - A, the gathered rows: 16-byte cp.async per (row, chunk), zero-filled
-**     for absent neighbours, in the 128-byte swizzled layout (wg_desc_sw128),
+**     for absent neighbours, in the 128-byte swizzled layout (wg_desc_lo_sw128),
 **     rows of a 64-row block no row of which uses the offset not copied;
 **     each producer thread's copies arrive on the stage's `full` barrier when
 **     they land (cp.async.mbarrier.arrive.noinc);
