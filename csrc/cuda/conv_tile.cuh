@@ -373,12 +373,19 @@ static __device__ __forceinline__ void tsp_steps_copy_head(const int32_t *__rest
   }
 }
 
+/* The step plan record of the tile at row0 (its head, then its columns). */
+template <int BM>
+static __device__ __forceinline__ const int32_t *tsp_steps_rec(const int32_t *__restrict__ steps, int64_t row0,
+                                                               int volume) {
+  return steps + (row0 / BM) * tsp_steps_words(BM, volume);
+}
+
 template <int BM, int NT, int BAR>
 static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__restrict__ steps, int64_t row0,
                                                               int volume, int64_t rows, int64_t src_rows,
                                                               const tsp_tile_smem &t, int tid) {
   const int head = (int)tsp_steps_head_words(BM, volume);
-  const int32_t *rec = steps + (row0 / BM) * tsp_steps_words(BM, volume);
+  const int32_t *rec = tsp_steps_rec<BM>(steps, row0, volume);
   int count = rec[2 * volume]; /* the same word for every thread: one request */
   tsp_steps_copy_head<BM, NT>(rec, volume, rows, t, tid);
   count = count < 0 ? 0 : count > volume ? volume : count;
@@ -446,7 +453,7 @@ static __device__ __forceinline__ tsp_tile_smem tsp_tile_ring_at(void *base, int
 template <int BM>
 static __device__ __forceinline__ const int32_t *tsp_steps_cols(const int32_t *__restrict__ steps, int64_t row0,
                                                                 int volume) {
-  return steps + (row0 / BM) * tsp_steps_words(BM, volume) + tsp_steps_head_words(BM, volume);
+  return tsp_steps_rec<BM>(steps, row0, volume) + tsp_steps_head_words(BM, volume);
 }
 
 /* Column j of the record (entries of list[j], -1 past count) into ring slot
@@ -474,7 +481,7 @@ static __device__ __forceinline__ void tsp_tile_ring_from_steps(const int32_t *_
                                                                 int volume, int64_t rows, const tsp_tile_smem &t,
                                                                 int32_t *ring, bool first_warp) {
   const int tid = (int)threadIdx.x, lane = tid & 31;
-  const int32_t *rec = steps + (row0 / BM) * tsp_steps_words(BM, volume);
+  const int32_t *rec = tsp_steps_rec<BM>(steps, row0, volume);
   const int32_t *cols = tsp_steps_cols<BM>(steps, row0, volume);
   const int slots = tsp_tile_ring_slots(volume);
   if (first_warp)

@@ -109,7 +109,7 @@ static __device__ __forceinline__ void
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T *s_a = (T *)(smem_raw + (SW ? (1024 - (tsp_smem_addr(smem_raw) & 1023)) & 1023 : 0));
   T *s_b = s_a + STAGES * A_STAGE;
-  static_assert(!RING || (!PIPE && STAGES == 2 && MW == 1), "the ring holds the column loaded and the next");
+  static_assert(!RING || (!PIPE && STAGES == 2 && MW == 1 && SW), "the ring: one step ahead, the lean loader");
   static_assert(!PACK || (MW == 1 && SW && !RING), "packed steps come with the lean loader, entries in shared memory");
   /* B64: the forward's B at BN = 32 in the 64-byte swizzle (wg_desc_sw64_of_lo), 4 KB a stage */
   enum { B64 = BT && BN == 32 };
@@ -184,10 +184,8 @@ static __device__ __forceinline__ void
       const int r = SW ? i >> 3 : (i / BK) * 8 + (i & 7);
       const int c = c0 + (SW ? i & 7 : (i >> 3) % (BK / 8)) * 8;
       if (!((used >> ((r >> 6) * 4)) & 0xFu)) continue;
-      const int32_t p =
-          RING ? s_ring[((unsigned)li % TSP_STEPS_RING) * BM + r]
-               : tsp_tile_entry(tile, from_steps, BM, volume, r, li, k);
-      const bool valid = p >= 0 && c < red && (!RING || p < src_rows);
+      const int32_t p = tsp_tile_entry(tile, from_steps, BM, volume, r, li, k); /* RING takes load_lean */
+      const bool valid = p >= 0 && c < red;
       T *dst = SW ? a_dst + r * 64 + ((i ^ r) & 7) * 8 : a_dst + 8 * i;
       tsp_cp_async16(dst, valid ? src + (int64_t)p * red + c : src, valid);
     }
