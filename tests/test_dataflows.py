@@ -691,6 +691,92 @@ def test_wgrad_offset_groups_whole_scan(cin, cout, tile):
         assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a)), (a, "not deterministic")
 
 
+@needs_cuda
+@pytest.mark.parametrize("case", ["plane", "k5_pieces", "scan_groups"])
+def test_wgrad_pair_slots_edges(case):
+    """wgrad over pair slots (csrc/cuda/conv_wgmma_wgrad.cu): partial slots per offset, added in
+    slot order by a second kernel that also writes the zero dw[k] of offsets without pairs.
+    Cases: one z-plane (18 of 27 offsets have no pair), a 5x5x5 kernel on ~280 voxels (more
+    offsets with pairs than slots: equal pieces spanning offsets), the whole sweep at 0.2 m
+    (offset groups); tiles 13, 12 and 15.  Against the fp64 gather reference into NaN-poisoned
+    memory (the empty offsets exactly zero), bitwise stable over repeated calls and with the
+    cached pair list, and bitwise equal to the same call replayed from a CUDA graph."""
+    if case == "plane":
+        xy = torch.stack(torch.meshgrid(torch.arange(-20, 20), torch.arange(-20, 20), indexing="ij"), -1).reshape(-1, 2)
+        c = torch.cat([torch.zeros(xy.shape[0], 1, dtype=torch.long), xy, torch.full((xy.shape[0], 1), 3)], 1).int()
+        geom, shapes = torchsp.kmap.ConvGeometry(3), [(64, 64, 13), (128, 128, 12)]
+    elif case == "k5_pieces":
+        g = torch.Generator().manual_seed(5)
+        c = torch.unique(torch.cat([torch.zeros(300, 1, dtype=torch.long), torch.randint(-6, 7, (300, 3), generator=g)], 1),
+                         dim=0).int()
+        geom, shapes = torchsp.kmap.ConvGeometry(5), [(64, 64, 13), (256, 256, 15)]
+    else:
+        c = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2)
+        geom, shapes = torchsp.kmap.ConvGeometry(3), [(64, 64, 13), (256, 256, 15)]
+    c = c.cuda()
+    dtype = torch.float16
+    for cin, cout, tile in shapes:
+        x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c)
+        km = torchsp.kmap.get_kernel_map(x, geom)[0]
+        dy = randn(km.nbmap.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+        want = ref.gather_wgrad(x.feats, km.nbmap, dy)
+        if case == "plane":
+            assert int((want.abs().sum((1, 2)) == 0).sum()) == 18
+        if case == "k5_pieces":  # slots: ceil(rows x V / 1024) (WW_MIN_PIECE); offsets with pairs exceed them
+            assert int((km.nbmap >= 0).any(0).sum()) > -(-km.nbmap.shape[0] * 125 // 1024)
+        a = [1, tile, 0, 0]
+        _poison_cache()
+        dw = ops.conv_wgrad(x.feats, dy, km.nbmap, a)
+        assert rel_err(dw, want) <= TOL[dtype], (case, tile, rel_err(dw, want))
+        assert torch.equal(dw == 0, want == 0) or case != "plane", (case, tile, "zero offsets")
+        for _ in range(3):
+            _poison_cache()
+            assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a)), (case, tile, "not deterministic")
+        pairs, starts = torchsp.kmap.map_pairs(km.nbmap)
+        eager = ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)
+        assert torch.equal(dw, eager), (case, tile)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager), (case, tile, "graph replay differs from the eager call")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cin,cout", [(32, 32), (64, 32), (40, 24), (32, 16), (96, 8)])
+def test_wgrad_narrow_columns_real_scan(cin, cout, dtype):
+    """wgrad's 64 x 64 wgmma tile (13) where c_out fills half a column tile or less (its
+    channels past c_out copied as zeros, csrc/cuda/conv_wgmma_wgrad.cu ww_load): over pair slots
+    (dataflow 1, tile 0 where both channel counts are >= 32, and tile 13 asked for) and in row
+    chunks (dataflow 0, tile 13), on a real crop (submanifold 3x3x3 and stride-2 K=2), c_in a whole
+    or partial 64-row tile, against the fp64 gather reference into NaN-poisoned memory, the cached
+    pair list bitwise equal to the list built in the call, and bitwise stable run to run."""
+    c = lidar_crop().cuda()
+    for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
+        x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c)
+        km = torchsp.kmap.get_kernel_map(x, geom)[0]
+        dy = randn(km.nbmap.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+        want = ref.gather_wgrad(x.feats, km.nbmap, dy)  # fp64 on the GPU
+        pairs, starts = torchsp.kmap.map_pairs(km.nbmap)
+        for a in ([0, 0, 0, 0], [1, 13, 0, 0], [1, 13, 2, 0], [0, 13, 0, 0]):
+            _poison_cache()
+            dw = ops.conv_wgrad(x.feats, dy, km.nbmap, a)
+            assert dw.shape == (geom.volume, cin, cout)
+            assert rel_err(dw, want) <= TOL[dtype], (geom.kernel_size, a, rel_err(dw, want))
+            _poison_cache()
+            if a[0] == 1:
+                assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)), a
+            assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a)), (a, "not deterministic")
+
+
 @pytest.mark.parametrize("device,tile", [("cpu", 0)] + [pytest.param("cuda", t, marks=needs_cuda)
                                                           for t in (0, 3, 12, 13, 15)])
 def test_misaligned_operands(device, tile):

@@ -83,6 +83,51 @@ def _assert_close(y, dx, ref_y, ref_dx):
     assert (dx.double().cpu() - ref_dx).norm() / ref_dx.norm() < 1e-2
 
 
+@pytest.mark.parametrize("case", ["plane", "k5_pieces"])
+def test_wgrad_pair_slots_edges(case):
+    """wgrad over pair slots and their reduction kernel (which also zeroes the offsets without
+    pairs): one z-plane (18 of 27 offsets empty, offset groups) and a 5x5x5 kernel on ~280 voxels
+    (equal pieces across offsets), tiles 13 and 15, against the CPU float64 wgrad."""
+    if case == "plane":
+        xy = torch.stack(torch.meshgrid(torch.arange(-8, 8), torch.arange(-8, 8), indexing="ij"), -1).reshape(-1, 2)
+        coords = torch.cat([torch.zeros(xy.shape[0], 1, dtype=torch.long), xy, torch.full((xy.shape[0], 1), 2)], 1).int()
+        kernel = 3
+    else:
+        g = torch.Generator().manual_seed(5)
+        coords = torch.unique(torch.cat([torch.zeros(300, 1, dtype=torch.long), torch.randint(-6, 7, (300, 3), generator=g)],
+                                        1), dim=0).int()
+        kernel = 5
+    for c, tile in ((64, 13), (256, 15)):
+        feats = torch.randn(coords.shape[0], c, dtype=torch.float64)
+        g = torch.randn(coords.shape[0], c, dtype=torch.float64)
+        km_cpu = torchsp.kmap.get_kernel_map(torchsp.SparseTensor(feats, coords), kernel)[0]
+        ref_dw = torch.ops.torchsp.conv_wgrad(feats, g, km_cpu.nbmap, [0, 0, 0, 0])
+        x = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
+        km = torchsp.kmap.get_kernel_map(x, kernel)[0]
+        dw = torch.ops.torchsp.conv_wgrad(x.feats, g.to("cuda", torch.float16), km.nbmap, [1, tile, 0, 0])
+        torch.cuda.synchronize()
+        assert (dw.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2, (case, tile)
+        assert torch.equal(dw.cpu() == 0, ref_dw == 0) or case != "plane", (case, tile)
+
+
+@pytest.mark.parametrize("cout", [32, 24])
+def test_wgrad_narrow_columns(cout):
+    """wgrad's tile 13 (64 x 64) with half or three-eighths of its columns (c_out 32, 24) over a
+    partial 40-of-64 row tile, in pair pieces and in row chunks, against the CPU float64 wgrad."""
+    coords = _coords(900, seed=17)
+    feats = torch.randn(coords.shape[0], 40, dtype=torch.float64)
+    g = torch.randn(coords.shape[0], cout, dtype=torch.float64)
+    km_cpu = torchsp.kmap.get_kernel_map(torchsp.SparseTensor(feats, coords), 3)[0]
+    ref_dw = torch.ops.torchsp.conv_wgrad(feats, g, km_cpu.nbmap, [0, 0, 0, 0])
+    x = torchsp.SparseTensor(feats.to("cuda", torch.float16), coords.cuda())
+    km = torchsp.kmap.get_kernel_map(x, 3)[0]
+    g16 = g.to("cuda", torch.float16)
+    for a in ([1, 13, 0, 0], [0, 13, 0, 0]):
+        dw = torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, a)
+        torch.cuda.synchronize()
+        assert (dw.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2, a
+
+
 @pytest.mark.parametrize("tile", [0, 2, 3, 7, 9, 12, 13, 14, 15, 16, 17, 18])
 def test_tensor_core_tiles(tile):
     """Every tensor-core tile family (mma.sync 2/3, wgmma 7/9, swizzled 12/13/18 (18's dgrad, 40
