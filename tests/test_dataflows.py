@@ -17,7 +17,8 @@ import torch
 import reference as ref
 import torchsp
 from cases import CASES, build, reference_grads
-from conftest import CUDA, crop_voxels, dense_cube, lidar_crop, load_lidar, poison_cuda_cache, randn, real_scan_layer, rel_err
+from conftest import (CUDA, crop_voxels, dense_cube, lidar_crop, load_lidar, poison_cuda_cache, random_coords, randn,
+                      real_scan_layer, rel_err)
 from torchsp.plan import _build, pass_plan, segmented
 
 F = torchsp.functional
@@ -702,13 +703,12 @@ def test_wgrad_pair_slots_edges(case):
     memory (the empty offsets exactly zero), bitwise stable over repeated calls and with the
     cached pair list, and bitwise equal to the same call replayed from a CUDA graph."""
     if case == "plane":
-        xy = torch.stack(torch.meshgrid(torch.arange(-20, 20), torch.arange(-20, 20), indexing="ij"), -1).reshape(-1, 2)
-        c = torch.cat([torch.zeros(xy.shape[0], 1, dtype=torch.long), xy, torch.full((xy.shape[0], 1), 3)], 1).int()
+        r = torch.arange(-20, 20)
+        xy = torch.stack(torch.meshgrid(r, r, indexing="ij"), -1).reshape(-1, 2)
+        c = torch.cat([torch.zeros_like(xy[:, :1]), xy, torch.full_like(xy[:, :1], 3)], 1).int()
         geom, shapes = torchsp.kmap.ConvGeometry(3), [(64, 64, 13), (128, 128, 12)]
     elif case == "k5_pieces":
-        g = torch.Generator().manual_seed(5)
-        c = torch.unique(torch.cat([torch.zeros(300, 1, dtype=torch.long), torch.randint(-6, 7, (300, 3), generator=g)], 1),
-                         dim=0).int()
+        c = random_coords(300, span=6, batches=1, seed=5)
         geom, shapes = torchsp.kmap.ConvGeometry(5), [(64, 64, 13), (256, 256, 15)]
     else:
         c = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2)

@@ -89,13 +89,12 @@ def test_wgrad_pair_slots_edges(case):
     pairs): one z-plane (18 of 27 offsets empty, offset groups) and a 5x5x5 kernel on ~280 voxels
     (equal pieces across offsets), tiles 13 and 15, against the CPU float64 wgrad."""
     if case == "plane":
-        xy = torch.stack(torch.meshgrid(torch.arange(-8, 8), torch.arange(-8, 8), indexing="ij"), -1).reshape(-1, 2)
-        coords = torch.cat([torch.zeros(xy.shape[0], 1, dtype=torch.long), xy, torch.full((xy.shape[0], 1), 2)], 1).int()
+        r = torch.arange(-8, 8)
+        xy = torch.stack(torch.meshgrid(r, r, indexing="ij"), -1).reshape(-1, 2)
+        coords = torch.cat([torch.zeros_like(xy[:, :1]), xy, torch.full_like(xy[:, :1], 2)], 1).int()
         kernel = 3
     else:
-        g = torch.Generator().manual_seed(5)
-        coords = torch.unique(torch.cat([torch.zeros(300, 1, dtype=torch.long), torch.randint(-6, 7, (300, 3), generator=g)],
-                                        1), dim=0).int()
+        coords = _coords(300, seed=5, span=6, batches=1)
         kernel = 5
     for c, tile in ((64, 13), (256, 15)):
         feats = torch.randn(coords.shape[0], c, dtype=torch.float64)

@@ -17,11 +17,11 @@ device's torch into .peers/peers_so.txz, put on PYTHONPATH by `. .peers/env.sh`,
                spconv, so their forward includes the pair build (noted in the table).  Besides
                its wheel and cumm's, spconv 2.3.8 imports lark, portalocker and termcolor (pure
                Python; the GPU machine has none of them: session 53).
-  flexgemm     FlexGEMM (Triton + small CUDA ext, built in place in .peers/fg_src by .peers/BUILD_peers.sh):
+  flexgemm     FlexGEMM (Triton + a small CUDA ext, flex_gemm.kernels.cuda, cross-built into .peers/peers_so.txz):
                sparse_submanifold_conv3d / sparse_conv3d with a cached neighbor map, weight
                [Cout, Kx, Ky, Kz, Cin]; no transposed conv ('up' emulated, see _flexgemm);
                FLEXGEMM_ALGO picks its algorithm (default masked_implicit_gemm_splitk).
-  torchsparse  TorchSparse++ v2.1 (CUDA ext, built in place by .peers/BUILD_peers.sh with google
+  torchsparse  TorchSparse++ v2.1 (CUDA ext, cross-built into .peers/peers_so.txz with google
                sparsehash headers and one include patch for CUDA 13): torchsparse.nn.functional.conv3d,
                weight [V, Cin, Cout] with x-fastest offsets for odd kernels (MinkowskiEngine order),
                z-fastest for even; compact coordinates (divided by the tensor stride); "torchsparse:M"
