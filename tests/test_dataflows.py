@@ -728,7 +728,8 @@ def test_wgrad_pair_slots_edges(case):
         _poison_cache()
         dw = ops.conv_wgrad(x.feats, dy, km.nbmap, a)
         assert rel_err(dw, want) <= TOL[dtype], (case, tile, rel_err(dw, want))
-        assert torch.equal(dw == 0, want == 0) or case != "plane", (case, tile, "zero offsets")
+        if case == "plane":  # exactly the empty offsets are zero
+            assert torch.equal(dw == 0, want == 0), (case, tile)
         for _ in range(3):
             _poison_cache()
             assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a)), (case, tile, "not deterministic")

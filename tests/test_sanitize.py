@@ -106,7 +106,8 @@ def test_wgrad_pair_slots_edges(case):
         dw = torch.ops.torchsp.conv_wgrad(x.feats, g.to("cuda", torch.float16), km.nbmap, [1, tile, 0, 0])
         torch.cuda.synchronize()
         assert (dw.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2, (case, tile)
-        assert torch.equal(dw.cpu() == 0, ref_dw == 0) or case != "plane", (case, tile)
+        if case == "plane":  # exactly the empty offsets are zero
+            assert torch.equal(dw.cpu() == 0, ref_dw == 0), (case, tile)
 
 
 @pytest.mark.parametrize("cout", [32, 24])
