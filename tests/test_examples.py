@@ -311,3 +311,24 @@ def test_mask_waste_counts_tiles():
     out = _run_tool("mask_waste.py", "--voxel-sizes", "0.4", "--densities", "0.3", "0.2")
     assert "one segment, torchsp's mask order: computed" in out and "sparse seg" in out
     assert "tile pairs of the packed order" in out
+
+
+def test_cross_build_matches_setup():
+    """tools/cross_build.sh compiles what setup.py compiles, with its flags: torch's
+    COMMON_NVCC_FLAGS and setup.py's own nvcc flags, setup.py's C++ sources
+    (the script takes every csrc/*.cpp, setup.py lists them), and without arguments it prints its
+    usage and exits 2."""
+    import re
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
+    script = open(os.path.join(REPO, "tools", "cross_build.sh")).read()
+    setup = open(os.path.join(REPO, "setup.py")).read()
+    own = re.findall(r'"([^"]+)"', re.search(r"nvcc = \[([^\]]*)\]", setup).group(1))
+    assert "-lineinfo" in own, own  # the pattern found setup.py's list
+    for flag in list(COMMON_NVCC_FLAGS) + own + ["-DTSP_WGMMA", "-DTORCH_EXTENSION_NAME=_C"]:
+        assert flag in script, flag
+    listed = set(re.findall(r'"(\w+\.cpp)"', setup))
+    on_disk = {f for f in os.listdir(os.path.join(REPO, "csrc")) if f.endswith(".cpp")}
+    assert listed == on_disk, (listed, on_disk)
+    proc = subprocess.run(["bash", os.path.join(REPO, "tools", "cross_build.sh")], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2 and "cross_build.sh fetch" in proc.stdout, (proc.returncode, proc.stdout)
