@@ -73,6 +73,14 @@ def random_coords(n, span=5, batches=2, stride=1, seed=0, shift=(0, 0, 0), batch
     return c[perm].int().contiguous()
 
 
+def plane_coords(lo, hi, z):
+    """int32 [(hi - lo)^2, 4] coordinates of every site of the square [lo, hi)^2 at height z in batch 0,
+    x slowest: a 3x3x3 map on it has pairs at the 9 offsets of dz = 0 only (18 empty offsets)."""
+    r = torch.arange(lo, hi)
+    xy = torch.stack(torch.meshgrid(r, r, indexing="ij"), -1).reshape(-1, 2)
+    return torch.cat([torch.zeros_like(xy[:, :1]), xy, torch.full_like(xy[:, :1], z)], 1).int()
+
+
 def dense_cube(lo, hi):
     """int32 [(hi - lo)^3, 4] coordinates of every site of the cube [lo, hi)^3 in batch 0, x slowest:
     interior rows have all 27 offsets of a 3x3x3 kernel (the dense worst case)."""

@@ -17,8 +17,8 @@ import torch
 import reference as ref
 import torchsp
 from cases import CASES, build, reference_grads
-from conftest import (CUDA, crop_voxels, dense_cube, lidar_crop, load_lidar, poison_cuda_cache, random_coords, randn,
-                      real_scan_layer, rel_err)
+from conftest import (CUDA, crop_voxels, dense_cube, lidar_crop, load_lidar, plane_coords, poison_cuda_cache,
+                      random_coords, randn, real_scan_layer, rel_err)
 from torchsp.plan import _build, pass_plan, segmented
 
 F = torchsp.functional
@@ -703,9 +703,7 @@ def test_wgrad_pair_slots_edges(case):
     memory (the empty offsets exactly zero), bitwise stable over repeated calls and with the
     cached pair list, and bitwise equal to the same call replayed from a CUDA graph."""
     if case == "plane":
-        r = torch.arange(-20, 20)
-        xy = torch.stack(torch.meshgrid(r, r, indexing="ij"), -1).reshape(-1, 2)
-        c = torch.cat([torch.zeros_like(xy[:, :1]), xy, torch.full_like(xy[:, :1], 3)], 1).int()
+        c = plane_coords(-20, 20, 3)
         geom, shapes = torchsp.kmap.ConvGeometry(3), [(64, 64, 13), (128, 128, 12)]
     elif case == "k5_pieces":
         c = random_coords(300, span=6, batches=1, seed=5)

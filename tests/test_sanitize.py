@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torchsp
-from conftest import dense_cube
+from conftest import dense_cube, plane_coords
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -89,9 +89,7 @@ def test_wgrad_pair_slots_edges(case):
     pairs): one z-plane (18 of 27 offsets empty, offset groups) and a 5x5x5 kernel on ~280 voxels
     (equal pieces across offsets), tiles 13 and 15, against the CPU float64 wgrad."""
     if case == "plane":
-        r = torch.arange(-8, 8)
-        xy = torch.stack(torch.meshgrid(r, r, indexing="ij"), -1).reshape(-1, 2)
-        coords = torch.cat([torch.zeros_like(xy[:, :1]), xy, torch.full_like(xy[:, :1], 2)], 1).int()
+        coords = plane_coords(-8, 8, 2)
         kernel = 3
     else:
         coords = _coords(300, seed=5, span=6, batches=1)
