@@ -201,20 +201,24 @@ at::Tensor conv_train(const at::Tensor &x, const at::Tensor &w, const at::Tensor
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
-c10::intrusive_ptr<PairList> pair_list_new(const at::Tensor &nbmap) { return c10::make_intrusive<PairList>(nbmap); }
+c10::intrusive_ptr<PairList> pair_list_new(const at::Tensor &nbmap, bool rows) {
+  return c10::make_intrusive<PairList>(nbmap, rows);
+}
 
 /* Pickling (copy.deepcopy, pickle, torch.save of a SparseTensor whose map
-** holds a list): (nbmap, pairs or None, starts or None). */
+** holds a list): (nbmap, pairs or None, starts or None, rows); a state of
+** three, pickled before lists had rows, reads as rows=False. */
 pybind11::tuple pair_list_getstate(PairList &self) {
   auto state = self.state();
-  return pybind11::make_tuple(self.nbmap, std::get<0>(state), std::get<1>(state));
+  return pybind11::make_tuple(self.nbmap, std::get<0>(state), std::get<1>(state), self.rows);
 }
 
 c10::intrusive_ptr<PairList> pair_list_setstate(const pybind11::tuple &state) {
-  if (state.size() != 3) throw pybind11::value_error("PairList: a pickled state is (nbmap, pairs, starts)");
+  if (state.size() != 3 && state.size() != 4)
+    throw pybind11::value_error("PairList: a pickled state is (nbmap, pairs, starts, rows)");
   HANDLE_TH_ERRORS
   return c10::make_intrusive<PairList>(state[0].cast<at::Tensor>(), state[1].cast<OptTensor>(),
-                                       state[2].cast<OptTensor>());
+                                       state[2].cast<OptTensor>(), state.size() == 4 && state[3].cast<bool>());
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
@@ -241,14 +245,16 @@ PYBIND11_MODULE(_C, m) {
         "yet); overlap: wgrad on a side stream beside dgrad when both are wanted on a GPU");
   pybind11::class_<torchsp::PairList, c10::intrusive_ptr<torchsp::PairList>>(
       m, "PairList",
-      "PairList(nbmap): the pair list of a kernel map direction (nbmap int32 [N, V]), built on the first get() "
-      "and kept (csrc/pair_list.h)")
-      .def(pybind11::init(&torchsp::pair_list_new), pybind11::arg("nbmap"))
+      "PairList(nbmap, rows=False): the pair list of a kernel map direction (nbmap int32 [N, V]), with the "
+      "pairs' input rows when rows, built on the first get() and kept (csrc/pair_list.h)")
+      .def(pybind11::init(&torchsp::pair_list_new), pybind11::arg("nbmap"), pybind11::arg("rows") = false)
       .def(pybind11::pickle(&torchsp::pair_list_getstate, &torchsp::pair_list_setstate))
       .def("get", &torchsp::pair_list_get,
-           "get() -> (pairs int32, starts int64 [V + 1]): torch.ops.torchsp.kernel_map_pairs(nbmap, bounded), "
-           "bounded on CUDA (pairs [N * V], the pairs then -1, no synchronisation), exact "
-           "on the CPU (pairs [P]); built on the first call and returned as built after it")
+           "get() -> (pairs int32, starts int64 [V + 1]): torch.ops.torchsp.kernel_map_pairs(nbmap, bounded, "
+           "rows), bounded on CUDA (pairs [N * V], the pairs then -1, no synchronisation), exact "
+           "on the CPU (pairs [P]); with rows [2, .], the input rows in the second row; built on the first call "
+           "and returned as built after it")
+      .def_readonly("rows", &torchsp::PairList::rows, "whether the list holds the pairs' input rows")
       .def_property_readonly("built", &torchsp::PairList::built, "whether get() has built the list")
       .def_property_readonly(
           "refs", [](torchsp::PairList &self) { return c10::raw::intrusive_ptr::use_count(&self); },

@@ -21,7 +21,7 @@ TORCH_LIBRARY(torchsp, m) {
       tags);
   m.def("coords_summary(Tensor coords, int[] stride) -> Tensor", tags);
   m.def("kernel_map_transpose(Tensor nbmap, Tensor in_coords) -> Tensor", tags);
-  m.def("kernel_map_pairs(Tensor nbmap, bool bounded=False) -> (Tensor, Tensor)", tags);
+  m.def("kernel_map_pairs(Tensor nbmap, bool bounded=False, bool rows=False) -> (Tensor, Tensor)", tags);
   m.def("mask_order(Tensor nbmap, int offsets=-1, bool with_map=False) -> Tensor", tags);
   m.def("tile_steps(Tensor nbmap, Tensor order, bool refine=True) -> Tensor", tags);
   m.def(

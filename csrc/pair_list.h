@@ -22,7 +22,12 @@
 ** on the stream) on a fast host; on a slow host (session 44, calls 3-4) the
 ** bounded list against the old build was 40.2 against 40.8 ms, within noise.
 ** The cost: up to N * V * 4 bytes per list, as much as nbmap, while the map
-** lives.
+** lives; twice that for a list with rows (below).
+**
+** A list made with rows holds the pairs' input rows too (kernel_map_pairs(
+** nbmap, rows=True): pairs [2, P]), which the CUDA wgrad reads beside the
+** output rows instead of looking each up in nbmap (tsp_conv_problem.pair_rows;
+** torchsp.plan asks for them on the wgrad direction's list on CUDA).
 */
 #pragma once
 
@@ -46,16 +51,18 @@ inline bool stand_in(const at::Tensor &t) {
          t.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
 }
 
-/* One map direction's pair list.  nbmap: int32 [N, V], the map rows;
-** pairs (int32 [P], or [N * V] on CUDA with the pairs first) and starts
+/* One map direction's pair list.  nbmap: int32 [N, V], the map rows; rows:
+** whether the list holds the input rows too; pairs (int32 [P], or [N * V] on
+** CUDA with the pairs first; with rows [2, P] or [2, N * V]) and starts
 ** (int64 [V + 1]) are undefined until the first
 ** get().  get() may run on autograd's device threads and on the caller's at
 ** once: a mutex orders the builds. */
 struct PairList : torch::CustomClassHolder {
-  explicit PairList(at::Tensor nbmap_) : nbmap(std::move(nbmap_)) {}
+  explicit PairList(at::Tensor nbmap_, bool rows_ = false) : nbmap(std::move(nbmap_)), rows(rows_) {}
   /* A list restored as built (pickling): pairs and starts both given, or neither. */
-  PairList(at::Tensor nbmap_, const std::optional<at::Tensor> &pairs_, const std::optional<at::Tensor> &starts_)
-      : nbmap(std::move(nbmap_)) {
+  PairList(at::Tensor nbmap_, const std::optional<at::Tensor> &pairs_, const std::optional<at::Tensor> &starts_,
+           bool rows_)
+      : nbmap(std::move(nbmap_)), rows(rows_) {
     TORCH_CHECK(pairs_.has_value() == starts_.has_value(), "PairList: pairs and starts come together");
     if (pairs_) {
       pairs = *pairs_;
@@ -63,12 +70,12 @@ struct PairList : torch::CustomClassHolder {
     }
   }
 
-  /* (pairs, starts) = kernel_map_pairs(nbmap, bounded on CUDA), built on the
-  ** first call; a tracer's stand-ins are returned, never kept. */
+  /* (pairs, starts) = kernel_map_pairs(nbmap, bounded on CUDA, rows), built
+  ** on the first call; a tracer's stand-ins are returned, never kept. */
   std::tuple<at::Tensor, at::Tensor> get() {
     std::lock_guard<std::mutex> lock(mu);
     if (pairs.defined()) return {pairs, starts};
-    auto built = kernel_map_pairs_op().call(nbmap, nbmap.is_cuda());
+    auto built = kernel_map_pairs_op().call(nbmap, nbmap.is_cuda(), rows);
     if (!stand_in(std::get<0>(built))) std::tie(pairs, starts) = built;
     return built;
   }
@@ -87,6 +94,7 @@ struct PairList : torch::CustomClassHolder {
   }
 
   const at::Tensor nbmap;
+  const bool rows;
 
  private:
   std::mutex mu;

@@ -288,10 +288,12 @@ inline tsp_conv_problem wgrad_problem(const at::Tensor &x, const at::Tensor &dy,
 }
 
 /* The optional cached pair list of nbmap for wgrad (kernel_map_pairs(nbmap)):
-** both or neither; pairs int32 [P] with P <= n_out * V, pair_starts int64
-** [V + 1], on x's device.  Sets p->n_pairs; the CUDA shim sets the pointers
-** (the CPU kernels do not read them).  Values are not read here (no sync):
-** the CUDA kernels clamp them (torchsp.h, tsp_conv_problem.pairs). */
+** both or neither; pairs int32 [P], or [2, P] with the pairs' input rows in
+** its second row (kernel_map_pairs(nbmap, rows=True)), P <= n_out * V;
+** pair_starts int64 [V + 1]; on x's device.  Sets p->n_pairs; the CUDA shim
+** sets the pointers (the CPU kernels do not read them).  Values are not read
+** here (no sync): the CUDA kernels clamp them (torchsp.h,
+** tsp_conv_problem.pairs). */
 inline void check_pair_list(const std::optional<at::Tensor> &pairs,
                             const std::optional<at::Tensor> &starts, const at::Tensor &x,
                             tsp_conv_problem *p, const char *op) {
@@ -300,18 +302,19 @@ inline void check_pair_list(const std::optional<at::Tensor> &pairs,
   TORCH_CHECK(has_pairs == has_starts, op,
               ": pairs and pair_starts go together (both from kernel_map_pairs(nbmap)) or not at all");
   if (!has_pairs) return;
-  TORCH_CHECK(pairs->scalar_type() == at::kInt && pairs->dim() == 1, op,
-              ": pairs must be a 1-D int32 tensor, got ", pairs->scalar_type(), " of shape ",
-              pairs->sizes());
+  TORCH_CHECK(pairs->scalar_type() == at::kInt && (pairs->dim() == 1 || (pairs->dim() == 2 && pairs->size(0) == 2)),
+              op, ": pairs must be int32 [P] or [2, P] (output rows, then their input rows), got ",
+              pairs->scalar_type(), " of shape ", pairs->sizes());
   TORCH_CHECK(starts->scalar_type() == at::kLong && starts->dim() == 1 &&
                   starts->size(0) == p->volume + 1,
               op, ": pair_starts must be int64 [V + 1] = [", p->volume + 1, "], got ",
               starts->scalar_type(), " of shape ", starts->sizes());
-  TORCH_CHECK(pairs->size(0) <= p->n_out * p->volume, op, ": pairs has ", pairs->size(0),
-              " entries, more than nbmap's ", p->n_out * p->volume);
+  const int64_t n_pairs = pairs->size(-1);
+  TORCH_CHECK(n_pairs <= p->n_out * p->volume, op, ": pairs has ", n_pairs, " entries, more than nbmap's ",
+              p->n_out * p->volume);
   check_same_device(*pairs, "pairs", x, "x", op);
   check_same_device(*starts, "pair_starts", x, "x", op);
-  p->n_pairs = pairs->size(0);
+  p->n_pairs = n_pairs;
 }
 
 inline const char *status_text(tsp_status s) {

@@ -212,22 +212,24 @@ at::Tensor tile_steps_cpu(const at::Tensor &nbmap_, const at::Tensor &order_, bo
 }
 
 /* (pairs int32, starts [V + 1] int64): count, allocate P (bounded: N * V of
-** -1), fill the first P (torchsp.h). */
-std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_, bool bounded) {
+** -1), fill the first P (torchsp.h); rows: pairs is [2, P], the input rows in
+** its second row. */
+std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_, bool bounded, bool rows) {
   const char *op = "torchsp.kernel_map_pairs";
   check_pairs_map(nbmap_, op);
   at::Tensor nbmap = nbmap_.contiguous();
   const int64_t n = nbmap.size(0), v = nbmap.size(1);
   at::Tensor starts = at::zeros({v + 1}, nbmap.options().dtype(at::kLong));
-  if (n == 0 || v == 0) return {at::empty({0}, nbmap.options()), starts};
+  if (n == 0 || v == 0) return {rows ? at::empty({2, 0}, nbmap.options()) : at::empty({0}, nbmap.options()), starts};
   check_status(tsp_kernel_map_pair_counts_cpu(nbmap.data_ptr<int32_t>(), n, v,
                                               starts.data_ptr<int64_t>()),
                op);
-  at::Tensor pairs = bounded ? at::full({n * v}, -1, nbmap.options())
-                             : at::empty({starts.data_ptr<int64_t>()[v]}, nbmap.options());
+  const int64_t p = bounded ? n * v : starts.data_ptr<int64_t>()[v];
+  const std::vector<int64_t> shape = rows ? std::vector<int64_t>{2, p} : std::vector<int64_t>{p};
+  at::Tensor pairs = bounded ? at::full(shape, -1, nbmap.options()) : at::empty(shape, nbmap.options());
   if (starts.data_ptr<int64_t>()[v] > 0)
-    check_status(tsp_kernel_map_pairs_cpu(nbmap.data_ptr<int32_t>(), n, v,
-                                          starts.data_ptr<int64_t>(), pairs.data_ptr<int32_t>()),
+    check_status(tsp_kernel_map_pairs_cpu(nbmap.data_ptr<int32_t>(), n, v, starts.data_ptr<int64_t>(),
+                                          pairs.data_ptr<int32_t>(), rows ? pairs.data_ptr<int32_t>() + p : nullptr),
                  op);
   return {pairs, starts};
 }

@@ -267,6 +267,7 @@ at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at
     pairs = pairs_->contiguous();
     pair_starts = pair_starts_->contiguous();
     p.pairs = pairs.data_ptr<int32_t>();
+    p.pair_rows = pairs.dim() == 2 ? p.pairs + p.n_pairs : nullptr; /* [2, P]: the input rows */
     p.pair_starts = pair_starts.data_ptr<int64_t>();
   }
   at::Tensor dw = at::empty({p.volume, p.c_in, p.c_out}, x.options());
@@ -322,16 +323,18 @@ at::Tensor tile_steps_cuda(const at::Tensor &nbmap_, const at::Tensor &order_, b
 /* (pairs int32, starts [V + 1] int64): count and scan, then either read P back
 ** (the one synchronisation), allocate [P] and fill, or (bounded) fill
 ** [N * V] of -1, the most the map can hold, with no synchronisation: the fill
-** writes the first starts[V] entries, read on the device.  The workspace
+** writes the first starts[V] entries, read on the device.  rows: pairs is
+** [2, P] (or [2, N * V]), the input rows in its second row.  The workspace
 ** carries the scanned cell bases from the first call to the second. */
-std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap_, bool bounded) {
+std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap_, bool bounded, bool rows) {
   const char *op = "torchsp.kernel_map_pairs";
   check_pairs_map(nbmap_, op);
   c10::cuda::CUDAGuard guard(nbmap_.device());
   at::Tensor nbmap = nbmap_.contiguous();
   const int64_t n = nbmap.size(0), v = nbmap.size(1);
   at::Tensor starts = at::empty({v + 1}, nbmap.options().dtype(at::kLong));
-  if (n == 0 || v == 0) return {at::empty({0}, nbmap.options()), starts.zero_()};
+  if (n == 0 || v == 0) return {rows ? at::empty({2, 0}, nbmap.options()) : at::empty({0}, nbmap.options()),
+                                 starts.zero_()};
   const size_t bytes = tsp_kernel_map_pairs_cuda_workspace(n, v);
   TORCH_CHECK(bytes > 0, op, ": nbmap of ", n, " rows x ", v,
               " offsets is too large for the pair scan");
@@ -341,12 +344,12 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap
                                                static_cast<size_t>(ws.numel()), current_stream()),
                op);
   const int64_t p = bounded ? n * v : starts[v].item<int64_t>();
-  at::Tensor pairs = bounded ? at::full({p}, -1, nbmap.options()) : at::empty({p}, nbmap.options());
+  const std::vector<int64_t> shape = rows ? std::vector<int64_t>{2, p} : std::vector<int64_t>{p};
+  at::Tensor pairs = bounded ? at::full(shape, -1, nbmap.options()) : at::empty(shape, nbmap.options());
   if (p > 0)
-    check_status(tsp_kernel_map_pairs_cuda(nbmap.data_ptr<int32_t>(), n, v,
-                                           starts.data_ptr<int64_t>(), pairs.data_ptr<int32_t>(),
-                                           ws.data_ptr(), static_cast<size_t>(ws.numel()),
-                                           current_stream()),
+    check_status(tsp_kernel_map_pairs_cuda(nbmap.data_ptr<int32_t>(), n, v, starts.data_ptr<int64_t>(),
+                                           pairs.data_ptr<int32_t>(), rows ? pairs.data_ptr<int32_t>() + p : nullptr,
+                                           ws.data_ptr(), static_cast<size_t>(ws.numel()), current_stream()),
                  op);
   return {pairs, starts};
 }

@@ -233,6 +233,12 @@ typedef struct {
   const int32_t *pairs;
   const int64_t *pair_starts;
   int64_t n_pairs;
+  /* Optional with pairs: their input rows, pair_rows[i] = nbmap[pairs[i], k]
+  ** for the i of offset k's run ([n_pairs]; tsp_kernel_map_pairs_* with
+  ** rows), so wgrad reads x's row beside dy's instead of looking it up in
+  ** nbmap, a 32-byte sector of the map for 4 bytes, per pair.  Rows outside
+  ** [0, n_in) count as absent.  NULL: wgrad looks them up. */
+  const int32_t *pair_rows;
   /* Optional (CUDA forward and dgrad): 8 bytes of device memory, 8-aligned,
   ** zero whenever no pass is running on this pass's stream.  The
   ** warp-specialized tiles (14-17) take further tiles from it and count their
@@ -352,10 +358,11 @@ tsp_status tsp_tile_steps_cpu(const int32_t *map, int64_t n_rows, int64_t volume
 /* starts [V + 1] of the map's pairs (see above); volume >= 1. */
 tsp_status tsp_kernel_map_pair_counts_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
                                           int64_t *starts);
-/* pairs [starts[V]] given the starts tsp_kernel_map_pair_counts_cpu filled for this map;
+/* pairs [starts[V]] given the starts tsp_kernel_map_pair_counts_cpu filled for this map,
+** and when rows is not NULL rows [starts[V]], each pair's input row map[pairs[i], k];
 ** TSP_ERR_ARGUMENT, nothing written, when the map's counts do not match starts. */
 tsp_status tsp_kernel_map_pairs_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
-                                    const int64_t *starts, int32_t *pairs);
+                                    const int64_t *starts, int32_t *pairs, int32_t *rows);
 
 /* Pack n coordinates [n, 4] into keys; TSP_ERR_RANGE if any cannot be packed. */
 tsp_status tsp_pack_keys_cpu(const int32_t *coords, int64_t n, int64_t *keys);
@@ -456,7 +463,7 @@ tsp_status tsp_tile_steps_cuda(const int32_t *map, int64_t n_rows, int64_t volum
 ** fills starts_device [V + 1] and leaves in the workspace the base of every
 ** (offset, 128-row tile); _pairs reads those bases, so it must get the same
 ** workspace, unchanged, and the same map (pairs past starts[V] are never
-** written).  n_rows == 0 needs no workspace: the counts call zeroes starts,
+** written); rows, when not NULL, gets each pair's input row as the CPU twin.  n_rows == 0 needs no workspace: the counts call zeroes starts,
 ** the pairs call does nothing.  0 from the _workspace function otherwise: the
 ** sizes cannot be served (V * ceil(n_rows / 128) must stay below 2^31, a map
 ** of about 2^38 entries, and V <= 2^30). */
@@ -465,7 +472,7 @@ tsp_status tsp_kernel_map_pair_counts_cuda(const int32_t *map, int64_t n_rows, i
                                            int64_t *starts_device, void *workspace,
                                            size_t workspace_bytes, tsp_cuda_stream stream);
 tsp_status tsp_kernel_map_pairs_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
-                                     const int64_t *starts_device, int32_t *pairs,
+                                     const int64_t *starts_device, int32_t *pairs, int32_t *rows,
                                      void *workspace, size_t workspace_bytes,
                                      tsp_cuda_stream stream);
 

@@ -25,7 +25,7 @@ using ConvDgradFn = at::Tensor(const at::Tensor &, const at::Tensor &, const at:
                                const OptTensor &, c10::IntArrayRef);
 using ConvWgradFn = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &, c10::IntArrayRef,
                                const OptTensor &, const OptTensor &);
-using KernelMapPairsFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor &, bool);
+using KernelMapPairsFn = std::tuple<at::Tensor, at::Tensor>(const at::Tensor &, bool, bool);
 
 template <typename Fn> inline c10::TypedOperatorHandle<Fn> typed_op(const char *name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();

@@ -673,8 +673,8 @@ def test_wgrad_offset_groups_whole_scan(cin, cout, tile):
     group, so each block streams hundreds of slabs B_k apart through its ring (the first 3 AHEAD
     filled before its loop, the rest copied in it: conv_wgmma_wgrad.cu product_stream) and
     offsets' last slabs are partial.  split 1 and 2 (twice the slots), the pair list built in the
-    call and passed in (cached), against the fp64 gather reference, in NaN-poisoned memory, and
-    bitwise equal run to run."""
+    call and passed in (cached; without and with its input rows), against the fp64 gather
+    reference, in NaN-poisoned memory, and bitwise equal run to run."""
     c = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2).cuda()
     assert c.shape[0] > 60000
     dtype = torch.float16
@@ -683,12 +683,15 @@ def test_wgrad_offset_groups_whole_scan(cin, cout, tile):
     dy = randn(c.shape[0], cout, dtype=dtype, device="cuda", seed=3)
     want = ref.gather_wgrad(x.feats, km.nbmap, dy)  # fp64 on the GPU
     pairs, starts = torchsp.kmap.map_pairs(km.nbmap)
+    with_rows = torchsp.kmap.map_pairs(km.nbmap, bounded=True, rows=True)
     for a in ([1, tile, 0, 0], [1, tile, 2, 0], [0, 0, 0, 0]):
         _poison_cache()
         dw = ops.conv_wgrad(x.feats, dy, km.nbmap, a)
         assert rel_err(dw, want) <= TOL[dtype], (a, rel_err(dw, want))
         _poison_cache()
         assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)), a
+        _poison_cache()
+        assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a, *with_rows)), (a, "rows")
         assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a)), (a, "not deterministic")
 
 
@@ -701,7 +704,8 @@ def test_wgrad_pair_slots_edges(case):
     offsets with pairs than slots: equal pieces spanning offsets), the whole sweep at 0.2 m
     (offset groups); tiles 13, 12 and 15.  Against the fp64 gather reference into NaN-poisoned
     memory (the empty offsets exactly zero), bitwise stable over repeated calls and with the
-    cached pair list, and bitwise equal to the same call replayed from a CUDA graph."""
+    cached pair list (without and with its input rows), and bitwise equal to the same call
+    replayed from a CUDA graph."""
     if case == "plane":
         c = plane_coords(-20, 20, 3)
         geom, shapes = torchsp.kmap.ConvGeometry(3), [(64, 64, 13), (128, 128, 12)]
@@ -732,8 +736,10 @@ def test_wgrad_pair_slots_edges(case):
             _poison_cache()
             assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a)), (case, tile, "not deterministic")
         pairs, starts = torchsp.kmap.map_pairs(km.nbmap)
+        assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)), (case, tile)
+        pairs, starts = torchsp.kmap.map_pairs(km.nbmap, rows=True)
         eager = ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)
-        assert torch.equal(dw, eager), (case, tile)
+        assert torch.equal(dw, eager), (case, tile, "rows")
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -757,7 +763,8 @@ def test_wgrad_narrow_columns_real_scan(cin, cout, dtype):
     (dataflow 1, tile 0 where both channel counts are >= 32, and tile 13 asked for) and in row
     chunks (dataflow 0, tile 13), on a real crop (submanifold 3x3x3 and stride-2 K=2), c_in a whole
     or partial 64-row tile, against the fp64 gather reference into NaN-poisoned memory, the cached
-    pair list bitwise equal to the list built in the call, and bitwise stable run to run."""
+    pair list (without and with its input rows) bitwise equal to the list built in the call, and
+    bitwise stable run to run."""
     c = lidar_crop().cuda()
     for geom in (torchsp.kmap.ConvGeometry(3), torchsp.kmap.ConvGeometry(2, 2)):
         x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c)
@@ -765,6 +772,7 @@ def test_wgrad_narrow_columns_real_scan(cin, cout, dtype):
         dy = randn(km.nbmap.shape[0], cout, dtype=dtype, device="cuda", seed=3)
         want = ref.gather_wgrad(x.feats, km.nbmap, dy)  # fp64 on the GPU
         pairs, starts = torchsp.kmap.map_pairs(km.nbmap)
+        with_rows = torchsp.kmap.map_pairs(km.nbmap, rows=True)
         for a in ([0, 0, 0, 0], [1, 13, 0, 0], [1, 13, 2, 0], [0, 13, 0, 0]):
             _poison_cache()
             dw = ops.conv_wgrad(x.feats, dy, km.nbmap, a)
@@ -773,7 +781,44 @@ def test_wgrad_narrow_columns_real_scan(cin, cout, dtype):
             _poison_cache()
             if a[0] == 1:
                 assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)), a
+                _poison_cache()
+                assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a, *with_rows)), (a, "rows")
             assert torch.equal(dw, ops.conv_wgrad(x.feats, dy, km.nbmap, a)), (a, "not deterministic")
+
+
+@needs_cuda
+@pytest.mark.parametrize("tile", [13, 12, 15])
+def test_wgrad_pair_rows_read_defensively(tile):
+    """A pair list with rows (tsp_conv_problem.pair_rows) is read as the kernel reads a list
+    without: an input row outside [0, N_in) or negative counts as absent, never as an address.
+    Rows of the whole sweep's list at 0.2 m (submanifold 3x3x3; ~40 slabs a slot, so most pass
+    through the ring's copies in the slab loop, not only its first fill) replaced by N_in,
+    N_in + 1000, INT32_MAX and -7 for every 5th pair must give the fp64 reference of the map with
+    those entries absent, and the untouched list the reference of the map itself; NaN-poisoned
+    memory."""
+    c = crop_voxels(load_lidar(), lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=0.2).cuda()
+    cin, cout = {13: (64, 64), 12: (128, 128), 15: (128, 256)}[tile]
+    dtype = torch.float16
+    x = torchsp.SparseTensor(randn(c.shape[0], cin, dtype=dtype, device="cuda", seed=1), c)
+    km = torchsp.kmap.get_kernel_map(x, torchsp.kmap.ConvGeometry(3))[0]
+    dy = randn(km.nbmap.shape[0], cout, dtype=dtype, device="cuda", seed=3)
+    pairs, starts = torchsp.kmap.map_pairs(km.nbmap, rows=True)
+    a = [1, tile, 0, 0]
+    _poison_cache()
+    dw = ops.conv_wgrad(x.feats, dy, km.nbmap, a, pairs, starts)
+    assert rel_err(dw, ref.gather_wgrad(x.feats, km.nbmap, dy)) <= TOL[dtype]
+    n_in, p = c.shape[0], pairs.shape[1]
+    bad = pairs.clone()
+    hit = torch.arange(0, p, 5, device="cuda")
+    junk = torch.tensor([n_in, n_in + 1000, 2 ** 31 - 1, -7], dtype=torch.int32, device="cuda")
+    bad[1, hit] = junk[torch.arange(hit.numel(), device="cuda") % 4]
+    # the same entries absent in the reference's map: pair i is (q = pairs[0, i], offset k(i))
+    k_of = torch.repeat_interleave(torch.arange(27, device="cuda"), (starts[1:] - starts[:-1]))
+    nb = km.nbmap.clone()
+    nb[pairs[0, hit].long(), k_of[hit]] = -1
+    _poison_cache()
+    got = ops.conv_wgrad(x.feats, dy, km.nbmap, a, bad, starts)
+    assert rel_err(got, ref.gather_wgrad(x.feats, nb, dy)) <= TOL[dtype], rel_err(got, ref.gather_wgrad(x.feats, nb, dy))
 
 
 @pytest.mark.parametrize("device,tile", [("cpu", 0)] + [pytest.param("cuda", t, marks=needs_cuda)

@@ -246,11 +246,12 @@ def test_ops_reject_bad_maps():
         ops.conv_fwd(x, w, nb.long(), torch.full((10, 27), -1), [0] * 4, [0] * 4, [0] * 4)
 
 
-@pytest.mark.parametrize("bad", ["pairs_alone", "starts_alone", "pairs_int64", "pairs_2d", "starts_int32",
-                                 "starts_short", "too_many_pairs", "device"])
+@pytest.mark.parametrize("bad", ["pairs_alone", "starts_alone", "pairs_int64", "pairs_2d", "pairs_3_rows",
+                                 "starts_int32", "starts_short", "too_many_pairs", "too_many_rows", "device"])
 def test_wgrad_rejects_bad_pair_list(bad, device):
     """conv_wgrad's optional cached pair list (kernel_map_pairs(nbmap)): both or neither, int32
-    [P <= N_out * V] and int64 [V + 1], on x's device; each mistake names the argument."""
+    [P <= N_out * V] or [2, P] (with rows) and int64 [V + 1], on x's device; each mistake names
+    the argument."""
     if bad == "device" and not CUDA:
         pytest.skip("needs CUDA")
     ops = torch.ops.torchsp
@@ -259,20 +260,25 @@ def test_wgrad_rejects_bad_pair_list(bad, device):
     dy = randn(6, 8, dtype=dtype, device=device, seed=1)
     nb = torch.randint(-1, 10, (6, 27), dtype=torch.int32, device=device)
     pairs, starts = ops.kernel_map_pairs(nb)
+    with_rows = ops.kernel_map_pairs(nb, False, True)[0]
     args = {"pairs_alone": (pairs, None), "starts_alone": (None, starts), "pairs_int64": (pairs.long(), starts),
-            "pairs_2d": (pairs[None], starts), "starts_int32": (pairs, starts.int()),
-            "starts_short": (pairs, starts[:-1]),
+            "pairs_2d": (pairs[None], starts), "pairs_3_rows": (torch.cat([with_rows, pairs[None]]), starts),
+            "starts_int32": (pairs, starts.int()), "starts_short": (pairs, starts[:-1]),
             "too_many_pairs": (torch.zeros(6 * 27 + 1, dtype=torch.int32, device=device), starts),
+            "too_many_rows": (torch.zeros(2, 6 * 27 + 1, dtype=torch.int32, device=device), starts),
             "device": (pairs.cpu() if device == "cuda" else pairs, starts)}[bad]
     if bad == "device" and device == "cpu":
         pytest.skip("the CUDA half checks the device")
-    match = {"pairs_alone": "pair_starts", "starts_alone": "pair_starts", "pairs_int64": "pairs",
-             "pairs_2d": "pairs", "starts_int32": "pair_starts", "starts_short": "pair_starts",
-             "too_many_pairs": "pairs", "device": "pairs"}[bad]
+    match = {"pairs_alone": "pair_starts", "starts_alone": "pair_starts", "pairs_int64": "pairs must be int32",
+             "pairs_2d": r"pairs must be int32 \[P\] or \[2, P\]", "pairs_3_rows": r"pairs must be int32 \[P\] or \[2, P\]",
+             "starts_int32": "pair_starts", "starts_short": "pair_starts", "too_many_pairs": "pairs has 163 entries",
+             "too_many_rows": "pairs has 163 entries", "device": "pairs"}[bad]
     with pytest.raises(RuntimeError, match=match):
         ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], *args)
-    # the good list is accepted and changes nothing
-    assert torch.equal(ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], pairs, starts), ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0]))
+    # the good lists, with and without rows, are accepted and change nothing
+    dw = ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0])
+    assert torch.equal(ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], pairs, starts), dw)
+    assert torch.equal(ops.conv_wgrad(x, dy, nb, [0, 0, 0, 0], with_rows, starts), dw)
 
 
 @pytest.mark.parametrize("algo", [[0, 18, 0], ([0, 0, 0, 0], [0, 0, 0], [0, 0, 0, 0]), (1, 2),

@@ -1,7 +1,8 @@
 """kernel_map_pairs (torchsp.kmap.map_pairs), the weight-stationary form of a kernel map, against
 an independent pure-torch reference: random maps (with -1 and other negative entries), real
 kernel maps of a LiDAR crop, empty maps, V = 1, 125 and 4096, sizes that cross the CPU chunks
-(4096 rows) and the CUDA tiles (128 rows x 32 offsets); opcheck; bad input.
+(4096 rows) and the CUDA tiles (128 rows x 32 offsets), with and without the pairs' input rows
+(rows=True); opcheck; bad input.
 
 The op allocates its outputs, so there is nothing to poison: P and every entry are checked.
 """
@@ -28,16 +29,26 @@ def ref_pairs(nbmap):
 
 def check_pairs(nbmap, pairs, starts, bounded=False):
     """pairs and starts against ref_pairs; bounded: pairs is [N * V], its first P entries the
-    pairs and the rest -1 (kernel_map_pairs(nbmap, bounded=True))."""
+    pairs and the rest -1 (kernel_map_pairs(nbmap, bounded=True)).  A 2-D pairs [2, .] is a list
+    with rows (kernel_map_pairs(nbmap, rows=True)): its first row as above, its second each pair's
+    input row nbmap[q, k] from the reference's (k, q), then -1 likewise."""
     want_pairs, want_starts = ref_pairs(nbmap)
     assert pairs.dtype == torch.int32 and starts.dtype == torch.int64
     assert pairs.device == nbmap.device and starts.device == nbmap.device
-    assert pairs.dim() == 1 and starts.shape == (nbmap.shape[1] + 1,)
+    assert (pairs.dim() == 1 or (pairs.dim() == 2 and pairs.shape[0] == 2)) and starts.shape == (nbmap.shape[1] + 1,)
     length = nbmap.shape[0] * nbmap.shape[1] if bounded else want_pairs.shape[0]
-    assert pairs.shape[0] == length, f"pairs has {pairs.shape[0]} entries, want {length}"
+    assert pairs.shape[-1] == length, f"pairs has {pairs.shape[-1]} entries, want {length}"
     assert torch.equal(starts.cpu(), want_starts)
-    assert torch.equal(pairs[:want_pairs.shape[0]].cpu().long(), want_pairs)
-    assert bool((pairs[want_pairs.shape[0]:] == -1).all())
+    p = want_pairs.shape[0]
+    q = pairs[0] if pairs.dim() == 2 else pairs
+    assert torch.equal(q[:p].cpu().long(), want_pairs)
+    assert bool((q[p:] == -1).all())
+    if pairs.dim() == 2:
+        k_of = torch.repeat_interleave(torch.arange(nbmap.shape[1]), want_starts[1:] - want_starts[:-1])
+        want_rows = nbmap.cpu().long()[want_pairs, k_of]
+        assert bool((want_rows >= 0).all())
+        assert torch.equal(pairs[1, :p].cpu().long(), want_rows)
+        assert bool((pairs[1, p:] == -1).all())
 
 
 def random_map(n, v, seed, present=0.3, n_in=1000):
@@ -71,13 +82,30 @@ def test_pairs_all_absent_or_present(fill, device):
     assert pairs.shape[0] == (333 * 27 if fill == 0 else 0)
 
 
+@pytest.mark.parametrize("rows", [False, True])
 @pytest.mark.parametrize("shape", [(0, 27), (0, 1), (0, 125), (5, 0)])
-def test_pairs_empty(shape, device):
+def test_pairs_empty(shape, rows, device):
     nbmap = torch.empty(shape, dtype=torch.int32, device=device)
-    pairs, starts = ops.kernel_map_pairs(nbmap)
-    assert pairs.shape == (0,) and pairs.dtype == torch.int32 and pairs.device == nbmap.device
+    pairs, starts = ops.kernel_map_pairs(nbmap, False, rows)
+    assert pairs.shape == ((2, 0) if rows else (0,)) and pairs.dtype == torch.int32 and pairs.device == nbmap.device
     assert starts.shape == (shape[1] + 1,) and starts.dtype == torch.int64
     assert not bool(starts.cpu().any())
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+@pytest.mark.parametrize("n,v,present", [(1, 1, 0.3), (257, 27, 0.3), (5000, 27, 0.5), (129, 33, 0.3),
+                                         (333, 27, 1.0), (333, 27, 0.0), (1000, 125, 0.3), (300, 4096, 0.3)])
+def test_pairs_rows(n, v, present, bounded, device):
+    """rows=True: pairs is [2, P] (bounded: [2, N * V]), its first row the list without rows, bitwise,
+    its second each pair's input row (checked against the reference in check_pairs), -1 past P in
+    both; deterministic.  Random maps whose absent entries include other negatives than -1."""
+    nbmap = random_map(n, v, seed=5 * n + v, present=present).to(device)
+    pairs, starts = ops.kernel_map_pairs(nbmap, bounded, True)
+    check_pairs(nbmap, pairs, starts, bounded=bounded)
+    plain = ops.kernel_map_pairs(nbmap, bounded)
+    assert torch.equal(pairs[0], plain[0]) and torch.equal(starts, plain[1])
+    again = torchsp.kmap.map_pairs(nbmap, bounded=bounded, rows=True)
+    assert torch.equal(again[0], pairs) and torch.equal(again[1], starts)
 
 
 @pytest.mark.parametrize("n,v,present", [(1, 1, 0.3), (0, 27, 0.3), (5, 0, 0.3), (257, 27, 0.3),
@@ -140,6 +168,8 @@ def test_pairs_real_scan(kernel, stride, device):
         pairs, starts = torchsp.kmap.map_pairs(m)
         check_pairs(m, pairs, starts)
         assert pairs.shape[0] == int((m >= 0).sum()) >= m.shape[0] > 0  # every row has a neighbour
+        for bounded in (False, True):
+            check_pairs(m, *torchsp.kmap.map_pairs(m, bounded=bounded, rows=True), bounded=bounded)
 
 
 def test_pairs_opcheck(device):
@@ -150,6 +180,9 @@ def test_pairs_opcheck(device):
     torch.library.opcheck(ops.kernel_map_pairs.default, (random_map(200, 1, seed=1).to(device),))
     torch.library.opcheck(ops.kernel_map_pairs.default, (nbmap, True))
     torch.library.opcheck(ops.kernel_map_pairs.default, (nbmap[:0], True))
+    torch.library.opcheck(ops.kernel_map_pairs.default, (nbmap, False, True))
+    torch.library.opcheck(ops.kernel_map_pairs.default, (nbmap, True, True))
+    torch.library.opcheck(ops.kernel_map_pairs.default, (nbmap[:0], True, True))
 
 
 def test_pairs_bad_input(device):

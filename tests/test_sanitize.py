@@ -134,7 +134,8 @@ def test_tensor_core_tiles(tile):
     resolves to one of them)
     under the sanitizers: mask-sorted rows, a partial last tile, Cout > 128, fwd and dgrad; and
     wgrad on the same tile (12, 13, 15: conv_wgmma_wgrad.cu with partial 40-of-64 / 40-of-128
-    row and 144-of-256 column tiles, in row chunks and in pair pieces; others mma.sync)."""
+    row and 144-of-256 column tiles, in row chunks and in pair pieces, the pair list passed without
+    and with its input rows, wild starts, and rows out of range; others mma.sync)."""
     x, w16, g16, ref_y, ref_dx, ref_dw = _tensor_core_case(seed=11)
     km = torchsp.kmap.get_kernel_map(x, 3)[0]
     a = [0, tile, 0, 0]
@@ -146,10 +147,17 @@ def test_tensor_core_tiles(tile):
     dw_cached = torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], pairs, starts)
     wild = torch.arange(starts.shape[0], device="cuda", dtype=torch.int64).flip(0) * 97 - 500
     torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], pairs, wild)
+    with_rows, starts = torchsp.kmap.map_pairs(km.nbmap, bounded=True, rows=True)
+    dw_rows = torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], with_rows, starts)
+    torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], with_rows, wild)
+    junk = with_rows.clone()  # input rows out of range (every 3rd) and the list's -1 tail as rows
+    junk[1, ::3] = torch.tensor([x.feats.shape[0], 2 ** 31 - 1, -9], dtype=torch.int32, device="cuda").repeat(
+        junk.shape[1])[:junk[1, ::3].numel()]
+    torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], junk, starts)
     _assert_close(y, dx, ref_y, ref_dx)
     assert (dw.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2
     assert (dw_pieces.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2
-    assert torch.equal(dw_cached, dw_pieces)
+    assert torch.equal(dw_cached, dw_pieces) and torch.equal(dw_rows, dw_pieces)
 
 
 @pytest.mark.parametrize("tile", [14, 15, 16, 17])

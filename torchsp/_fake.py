@@ -38,9 +38,9 @@ def _kernel_map_transpose(nbmap, in_coords):
 
 
 @torch.library.register_fake("torchsp::kernel_map_pairs")
-def _kernel_map_pairs(nbmap, bounded=False):
+def _kernel_map_pairs(nbmap, bounded=False, rows=False):
     p = nbmap.shape[0] * nbmap.shape[1] if bounded else torch.library.get_ctx().new_dynamic_size()
-    return nbmap.new_empty((p,)), nbmap.new_empty((nbmap.shape[1] + 1,), dtype=torch.int64)
+    return nbmap.new_empty((2, p) if rows else (p,)), nbmap.new_empty((nbmap.shape[1] + 1,), dtype=torch.int64)
 
 
 @torch.library.register_fake("torchsp::mask_order")

@@ -225,20 +225,21 @@ def step_plan_len(n, v):
     return (n + 3) // 4 * 4 + tiles * (head + STEPS_ROWS * v) + tiles
 
 
-def map_pairs(nbmap, bounded=False):
+def map_pairs(nbmap, bounded=False, rows=False):
     """Weight-stationary form of a kernel map: (pairs, starts).
 
     nbmap: int32 [N, V] (any negative entry is absent).  Returns pairs int32 [P] and starts
     int64 [V + 1], on nbmap's device: for each offset k in increasing k, the rows q with
     nbmap[q, k] >= 0 in increasing q, concatenated; offset k owns pairs[starts[k]:starts[k + 1]],
-    starts[0] = 0 and starts[V] = P.  Only the output row q is stored; its input row is
-    nbmap[q, k].  P is data-dependent: on CUDA the op synchronises once to read it, unless
-    `bounded`: then pairs is [N * V], the most a map holds, the pairs first and -1 after them,
-    and nothing is read back.
+    starts[0] = 0 and starts[V] = P.  Only the output row q is stored, unless `rows`: then
+    pairs is [2, P], row 0 the output rows and row 1 their input rows nbmap[q, k] (what the
+    CUDA wgrad reads instead of looking them up).  P is data-dependent: on CUDA the op
+    synchronises once to read it, unless `bounded`: then P is N * V, the most a map holds, the
+    pairs first and -1 after them, and nothing is read back.
     torch.ops.torchsp.kernel_map_pairs: C (CPU) or per-tile counts, CUB's scan and a ballot
     fill (CUDA); deterministic on both.
     """
-    return torch.ops.torchsp.kernel_map_pairs(nbmap, bounded)
+    return torch.ops.torchsp.kernel_map_pairs(nbmap, bounded, rows)
 
 
 class ConvGeometry:

@@ -94,21 +94,25 @@ def pair_list(kmap, which):
     """torchsp._C.PairList of nbmap (which = "fwd") or nbmap_t ("dgrad"): the map's pair list
     (torchsp.kmap.map_pairs; on CUDA bounded, with no synchronisation), built on its first get()
     and kept, one per map and direction (in kmap.plans, so a cleared cache rebuilds it).
+    nbmap's list on CUDA also holds the pairs' input rows (pairs [2, N * V]), which the CUDA
+    wgrad reads instead of looking them up in nbmap (csrc/cuda/conv_wgmma_wgrad.cu).
     The training node (torchsp._autograd.eager_conv) takes it unbuilt: its first backward builds it."""
     hit = kmap.plans.get(("pairs", which))
     if hit is None:
-        hit = kmap.plans[("pairs", which)] = _C.PairList(kmap.nbmap if which == "fwd" else kmap.nbmap_t)
+        nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
+        hit = kmap.plans[("pairs", which)] = _C.PairList(nb, rows=which == "fwd" and nb.is_cuda)
     return hit
 
 
 def _pairs(kmap, which):
     """(pairs int32 [P] on the map's device, starts list of V + 1 ints) of nbmap or nbmap_t:
-    the pair list cut to its length, read here (one synchronisation per map and direction)."""
+    the pair list's output rows cut to their length, read here (one synchronisation per map
+    and direction)."""
     hit = kmap.plans.get(("starts", which))
     if hit is None:
         pairs, starts = pair_list(kmap, which).get()
         starts = [int(v) for v in starts.tolist()]
-        hit = kmap.plans[("starts", which)] = (pairs[:starts[-1]], starts)
+        hit = kmap.plans[("starts", which)] = ((pairs[0] if pairs.dim() == 2 else pairs)[:starts[-1]], starts)
     return hit
 
 

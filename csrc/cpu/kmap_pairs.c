@@ -63,7 +63,7 @@ tsp_status tsp_kernel_map_pair_counts_cpu(const int32_t *map, int64_t n_rows, in
 }
 
 tsp_status tsp_kernel_map_pairs_cpu(const int32_t *map, int64_t n_rows, int64_t volume,
-                                    const int64_t *starts, int32_t *pairs) {
+                                    const int64_t *starts, int32_t *pairs, int32_t *rows) {
   if (!starts || !pairs_args_valid(map, n_rows, volume)) return TSP_ERR_ARGUMENT;
   if (starts[0] != 0 || (starts[volume] > 0 && !pairs)) return TSP_ERR_ARGUMENT;
   int64_t nc = 0;
@@ -94,7 +94,10 @@ tsp_status tsp_kernel_map_pairs_cpu(const int32_t *map, int64_t n_rows, int64_t 
     for (int64_t q = c * CHUNK_ROWS; q < end; ++q) {
       const int32_t *row = map + q * volume;
       for (int64_t k = 0; k < volume; ++k)
-        if (row[k] >= 0) pairs[pos[k]++] = (int32_t)q;
+        if (row[k] >= 0) {
+          if (rows) rows[pos[k]] = row[k];
+          pairs[pos[k]++] = (int32_t)q;
+        }
     }
   }
   free(base);

@@ -17,7 +17,9 @@
 **      it meets, and one more kernel adds them in slot order.  A slot's
 **      pairs stream through a ring of 64-pair slabs copied a few slabs
 **      ahead of its products (ww_tile::product_stream), not through a list
-**      filled in batches between them.
+**      filled in batches between them; with the pairs' input rows
+**      (tsp_conv_problem.pair_rows, or built with the list) beside them, so
+**      no pair looks its row up in the map.
 **
 ** Why: the mma.sync kernel ran at 15-20% of the tensor peak (H100, lidar_198k
 ** at 0.1 m: C = 128 217 us, C = 256 673 us for 25.8 and 103 GFLOP), the
@@ -118,10 +120,11 @@ template <int WGS, int BN, int STAGES> static size_t wgmma_wgrad_smem_bytes() {
 /* Dataflow 1's sizes: `pieces` slots (offset-group members or pair pieces,
 ** conv_wgrad_pairs.cuh), a grid of pieces x tiles blocks, and the workspace:
 ** fp32 partials [pieces + V - 1, c_in, c_out], the group table [V + 2]
-** (int64), starts [V + 1] (int64), the pair list [n_out * V] (int32: the
-** most a map can hold, so its length never travels to the host), then
-** kmap_pairs.cu's workspace; partials and table alone when the caller passes
-** the map's pair list (p->pairs).  bytes == 0: these sizes are not served.
+** (int64), starts [V + 1] (int64), the pair list and its input rows [n_out
+** * V] each (int32: the most a map can hold, so its length never travels to
+** the host), then kmap_pairs.cu's workspace; partials and table alone when
+** the caller passes the map's pair list (p->pairs, with or without its
+** rows).  bytes == 0: these sizes are not served.
 **
 ** pieces x tiles is one wave of resident blocks on a 132-SM H100 (WW_SMS;
 ** tile 13 fits two blocks per SM, 12 and 15 one) times algo.split (0 reads as
@@ -138,13 +141,13 @@ static const int64_t WW_MAX_PARTIALS = 64LL << 20; /* floats (256 MB) */
 
 typedef struct {
   int64_t pieces, tiles;
-  size_t table_at, starts_at, pairs_at, pairs_ws_at, bytes;
+  size_t table_at, starts_at, pairs_at, rows_at, pairs_ws_at, bytes;
 } ww_pieces_plan;
 
 static size_t ww_align(size_t b) { return (b + 255) & ~(size_t)255; }
 
 static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
-  ww_pieces_plan pl = {0, 0, 0, 0, 0, 0, 0};
+  ww_pieces_plan pl = {0, 0, 0, 0, 0, 0, 0, 0};
   const int bm = tile == 13 ? 64 : 128, bn = tile == 15 ? 256 : tile == 13 ? 64 : 128;
   const int resident = tile == 13 ? 2 : 1;
   const int64_t vcc = p->c_in * p->c_out, v = p->volume;
@@ -166,11 +169,12 @@ static ww_pieces_plan plan_pieces(const tsp_conv_problem *p, int tile) {
   pl.table_at = ww_align((size_t)((g + v - 1) * vcc) * sizeof(float));
   pl.starts_at = pl.table_at + ww_align((size_t)(v + 2) * sizeof(int64_t));
   if (given) {
-    pl.pairs_at = pl.pairs_ws_at = pl.bytes = pl.starts_at;
+    pl.pairs_at = pl.rows_at = pl.pairs_ws_at = pl.bytes = pl.starts_at;
     return pl;
   }
   pl.pairs_at = pl.starts_at + ww_align((size_t)(v + 1) * sizeof(int64_t));
-  pl.pairs_ws_at = pl.pairs_at + ww_align((size_t)(p->n_out * v) * sizeof(int32_t));
+  pl.rows_at = pl.pairs_at + ww_align((size_t)(p->n_out * v) * sizeof(int32_t));
+  pl.pairs_ws_at = pl.rows_at + ww_align((size_t)(p->n_out * v) * sizeof(int32_t));
   pl.bytes = pl.pairs_ws_at + ww_align(pairs_ws);
   return pl;
 }
@@ -310,28 +314,34 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
 
   /* Slabs [0, min(slabs, 3 AHEAD)) into the ring, every thread's loads in
   ** flight together (FILL entries a thread): q = -1 past `end` or outside
-  ** [0, n_out), p = map[q, k], -1 when absent or outside [0, n_in) (a zero
-  ** row).  All threads; the caller syncs. */
-  __device__ __forceinline__ void ring_fill(const int32_t *__restrict__ pairs, const int32_t *__restrict__ map,
-                                            int volume, int k, int64_t n_in, int64_t n_out, int64_t first,
-                                            int64_t stride, int64_t end, int slabs) const {
+  ** [0, n_out), p = rows[.] (ROWS) or map[q, k], -1 when absent or outside
+  ** [0, n_in) (a zero row).  All threads; the caller syncs. */
+  template <bool ROWS>
+  __device__ __forceinline__ void ring_fill(const int32_t *__restrict__ pairs, const int32_t *__restrict__ rows,
+                                            const int32_t *__restrict__ map, int volume, int k, int64_t n_in,
+                                            int64_t n_out, int64_t first, int64_t stride, int64_t end,
+                                            int slabs) const {
     const int n = (slabs < 3 * AHEAD ? slabs : 3 * AHEAD) * 64;
     int32_t q[FILL], p[FILL];
 #pragma unroll
     for (int u = 0; u < FILL; ++u) {
       const int i = u * NT + (int)threadIdx.x;
       const int64_t at = first + (int64_t)(i >> 6) * stride + (i & 63);
-      q[u] = i < n && at < end ? pairs[at] : -1;
+      const bool in = i < n && at < end;
+      q[u] = in ? pairs[at] : -1;
+      if (ROWS) p[u] = in ? rows[at] : -1;
       if (q[u] < 0 || (int64_t)q[u] >= n_out) q[u] = -1;
     }
+    if (!ROWS) {
 #pragma unroll
-    for (int u = 0; u < FILL; ++u) p[u] = q[u] >= 0 ? map[(int64_t)q[u] * volume + k] : -1;
+      for (int u = 0; u < FILL; ++u) p[u] = q[u] >= 0 ? map[(int64_t)q[u] * volume + k] : -1;
+    }
 #pragma unroll
     for (int u = 0; u < FILL; ++u) {
       const int i = u * NT + (int)threadIdx.x; /* slab i / 64 < RING: its slot is i / 64 */
       if (i < n) {
         s_q[i] = q[u];
-        s_p[i] = p[u] >= 0 && (int64_t)p[u] < n_in ? p[u] : -1;
+        s_p[i] = q[u] >= 0 && p[u] >= 0 && (int64_t)p[u] < n_in ? p[u] : -1;
       }
     }
   }
@@ -347,6 +357,20 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
   ** their run are stored as -1; others are checked where ww_load reads them
   ** (its limit), as the list's fill checks them.  Same sums in the same order
   ** as product() over a list of the same pairs, so the same bits.
+  ** ROWS: p comes from rows[.] beside q, both copied 3 AHEAD slabs ahead
+  ** (two 4-byte copies a thread of the first 64), no map lookup; entries
+  ** past `end` are -1 and ww_load's limits check the rest.  Same pairs, same
+  ** sums: dw bitwise as without.  Why: the lookup read a 32-byte sector of
+  ** the map per pair for its 4 bytes (the map rows of consecutive pairs are V
+  ** entries apart), about a fifth of a pair's traffic at C = 32.  Neither
+  ** more blocks per SM (three at tile 13, its shared memory cut to the ring:
+  ** subm C = 32 34.2 -> 35.8 us) nor fewer (one: 47.3) had helped.  H200,
+  ** lidar_198k, fp16, HEAD -> this in one call (2026-11-29, session 63),
+  ** main kernel us (tools/kernel_times.py): subm C = 32 27.2 -> 21.7, C = 64
+  ** 29.7 -> 26.0, C = 128 (tile 12) 65.2 -> 56.1, C = 256 (tile 15) 192.8
+  ** -> 173.2; the wgrad op from CUDA graph replays, median of three rounds:
+  ** down2 C = 64 17.8 -> 15.1, down3 C = 64 36.0 -> 31.6, up2 C = 64 18.9
+  ** -> 15.9, down3 C = 128 48.1 -> 40.1, up2 C = 128 26.4 -> 24.7.
   ** Why: the list was filled in batches of up to LIST pairs, each fill (two
   ** dependent loads a pair) waiting on a drained pipeline: skipping every
   ** fill after a block's first took the C = 256 kernel from 231.4 to 222.5
@@ -361,11 +385,13 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
   ** the slab's products issued before the next copies (C = 256 237.7 ->
   ** 243.3), 32-pair slabs with twice the stages (295.0), the fill with 16
   ** loads a thread in flight (231.4 -> 229.0). */
+  template <bool ROWS>
   __device__ __forceinline__ void product_stream(float (&acc)[ACC], const T *__restrict__ x,
                                                  const T *__restrict__ dy, int c_in, int c_out, int m0, int n0,
-                                                 const int32_t *__restrict__ pairs, const int32_t *__restrict__ map,
-                                                 int volume, int k, int64_t n_in, int64_t n_out, int64_t first,
-                                                 int64_t stride, int64_t end, int slabs) const {
+                                                 const int32_t *__restrict__ pairs, const int32_t *__restrict__ rows,
+                                                 const int32_t *__restrict__ map, int volume, int k, int64_t n_in,
+                                                 int64_t n_out, int64_t first, int64_t stride, int64_t end,
+                                                 int slabs) const {
     /* wg and the slab count through shuffles: ptxas then knows both are
     ** warp-uniform, keeps the slab counter and the wgmma descriptors in
     ** uniform registers and moves none through R2UR (16 a slab before).
@@ -383,7 +409,7 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
     const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0);
     slabs = __shfl_sync(0xffffffffu, slabs, 0);
     const int lim_in = n_in < INT_MAX ? (int)n_in : INT_MAX, lim_out = n_out < INT_MAX ? (int)n_out : INT_MAX;
-    ring_fill(pairs, map, volume, k, n_in, n_out, first, stride, end, slabs);
+    ring_fill<ROWS>(pairs, rows, map, volume, k, n_in, n_out, first, stride, end, slabs);
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
@@ -404,11 +430,16 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
         const int e = threadIdx.x, tq = slab + 3 * AHEAD, tp = slab + 2 * AHEAD;
         if (tq < slabs) {
           const int64_t at = first + (int64_t)tq * stride + e;
-          int32_t *dq = s_q + (tq % RING) * 64 + e;
-          if (at < end) tsp_cp_async4(dq, pairs + at);
-          else *dq = -1;
+          int32_t *dq = s_q + (tq % RING) * 64 + e, *dp = s_p + (tq % RING) * 64 + e;
+          if (at < end) {
+            tsp_cp_async4(dq, pairs + at);
+            if (ROWS) tsp_cp_async4(dp, rows + at);
+          } else {
+            *dq = -1;
+            if (ROWS) *dp = -1;
+          }
         }
-        if (tp >= 3 * AHEAD && tp < slabs) { /* ring_fill filled the first 3 AHEAD */
+        if (!ROWS && tp >= 3 * AHEAD && tp < slabs) { /* ring_fill filled the first 3 AHEAD */
           const int32_t q = s_q[(tp % RING) * 64 + e];
           int32_t *dp = s_p + (tp % RING) * 64 + e;
           if (q >= 0 && (int64_t)q < n_out) tsp_cp_async4(dp, map + (int64_t)q * volume + k);
@@ -468,18 +499,19 @@ __global__ void __launch_bounds__(128 * WGS, 1)
   });
 }
 
-/* Dataflow 1: block (slot g, tile).  With offset groups (conv_wgrad_pairs.cuh;
+/* Dataflow 1: block (slot g, tile); ROWS: the pairs' input rows are in
+** `rows`, else looked up in map.  With offset groups (conv_wgrad_pairs.cuh;
 ** L = tsp_wgrad_group_len > 0) slot g is member j of offset k's group and sums
 ** that group's slabs j, j + B_k, ... into partial slot g; block 0 also writes
 ** `table` (L, then first_k for k = 0 .. V) for the reduction.  Else (L = 0,
 ** table[0] = 0) slot g is piece g: pairs [g len, g len + len) of the list,
 ** one offset at a time, into partial slots g + k (tsp_wgrad_piece_len).
 ** Every branch below is block-uniform. */
-template <typename T, int WGS, int BN, int STAGES>
+template <typename T, int WGS, int BN, int STAGES, bool ROWS>
 __global__ void __launch_bounds__(128 * WGS, 1)
     wgmma_wgrad_pieces_kernel(const T *__restrict__ x, int64_t n_in, const T *__restrict__ dy,
                               const int32_t *__restrict__ map, int volume, int c_in, int c_out,
-                              int64_t n_out, const int32_t *__restrict__ pairs,
+                              int64_t n_out, const int32_t *__restrict__ pairs, const int32_t *__restrict__ rows,
                               const int64_t *__restrict__ starts, int64_t n_pairs, int64_t pieces,
                               float *__restrict__ partials, int64_t *__restrict__ table) {
   typedef ww_tile<T, WGS, BN, STAGES> tile;
@@ -519,8 +551,8 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     float acc[tile::ACC];
 #pragma unroll
     for (int i = 0; i < tile::ACC; ++i) acc[i] = 0.0f;
-    t.product_stream(acc, x, dy, c_in, c_out, m0, n0, pairs, map, volume, k, n_in, n_out, k0 + 64 * j, 64 * size,
-                     k1, (int)mine);
+    t.template product_stream<ROWS>(acc, x, dy, c_in, c_out, m0, n0, pairs, rows, map, volume, k, n_in, n_out,
+                                    k0 + 64 * j, 64 * size, k1, (int)mine);
     float *slot = partials + g * vcc;
     ww_epilogue<BN>(acc, m0, n0, c_in, c_out, [&](int m, int col, float v0, float v1) {
       *(float2 *)(slot + (int64_t)m * c_out + col) = make_float2(v0, v1);
@@ -544,8 +576,8 @@ __global__ void __launch_bounds__(128 * WGS, 1)
     float acc[tile::ACC];
 #pragma unroll
     for (int i = 0; i < tile::ACC; ++i) acc[i] = 0.0f;
-    t.product_stream(acc, x, dy, c_in, c_out, m0, n0, pairs, map, volume, k, n_in, n_out, s0, 64, s1,
-                     (int)((s1 - s0 + 63) / 64));
+    t.template product_stream<ROWS>(acc, x, dy, c_in, c_out, m0, n0, pairs, rows, map, volume, k, n_in, n_out, s0,
+                                    64, s1, (int)((s1 - s0 + 63) / 64));
     float *slot = partials + (g + k) * vcc;
     ww_epilogue<BN>(acc, m0, n0, c_in, c_out, [&](int m, int col, float v0, float v1) {
       *(float2 *)(slot + (int64_t)m * c_out + col) = make_float2(v0, v1);
@@ -609,40 +641,53 @@ static tsp_status launch_wgmma_wgrad(const tsp_conv_problem *p, const void *x, c
                                   stream);
 }
 
+/* The pieces kernel with or without the pairs' input rows. */
+template <typename T, int WGS, int BN, int STAGES, bool ROWS>
+static tsp_status launch_pieces_kernel(const tsp_conv_problem *p, const void *x, const void *dy,
+                                       const int32_t *nbmap, const ww_pieces_plan *plan, const int32_t *pairs,
+                                       const int32_t *rows, const int64_t *starts, int64_t n_pairs,
+                                       float *partials, int64_t *table, cudaStream_t stream) {
+  const size_t smem = wgmma_wgrad_smem_bytes<WGS, BN, STAGES>();
+  static uint64_t smem_raised = 0;
+  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_wgrad_pieces_kernel<T, WGS, BN, STAGES, ROWS>,
+                                      smem, &smem_raised, "tsp_conv_wgmma_wgrad: pieces");
+  if (s != TSP_OK) return s;
+  wgmma_wgrad_pieces_kernel<T, WGS, BN, STAGES, ROWS>
+      <<<(unsigned)(plan->pieces * plan->tiles), 128 * WGS, smem, stream>>>(
+          (const T *)x, p->n_in, (const T *)dy, nbmap, (int)p->volume, (int)p->c_in,
+          (int)p->c_out, p->n_out, pairs, rows, starts, n_pairs, plan->pieces, partials, table);
+  return tsp_cuda_check_launch("tsp_conv_wgmma_wgrad: pieces");
+}
+
 template <typename T, int WGS, int BN, int STAGES>
 static tsp_status launch_wgmma_wgrad_pieces(const tsp_conv_problem *p, const void *x,
                                             const void *dy, const int32_t *nbmap, void *dw,
                                             const ww_pieces_plan *plan, unsigned char *ws,
                                             cudaStream_t stream) {
-  const size_t smem = wgmma_wgrad_smem_bytes<WGS, BN, STAGES>();
-  static uint64_t smem_raised = 0;
-  tsp_status s = tsp_raise_smem_limit((const void *)wgmma_wgrad_pieces_kernel<T, WGS, BN, STAGES>,
-                                      smem, &smem_raised, "tsp_conv_wgmma_wgrad: pieces");
-  if (s != TSP_OK) return s;
+  tsp_status s = TSP_OK;
   float *partials = (float *)ws;
   int64_t *table = (int64_t *)(ws + plan->table_at);
-  const int32_t *pairs = p->pairs;
+  const int32_t *pairs = p->pairs, *rows = p->pair_rows;
   const int64_t *starts = p->pair_starts;
   int64_t n_pairs = p->n_pairs;
   if (pairs == NULL || starts == NULL) {
     /* The pair list, on the stream: no host synchronisation (its length stays on the device). */
     int64_t *w_starts = (int64_t *)(ws + plan->starts_at);
-    int32_t *w_pairs = (int32_t *)(ws + plan->pairs_at);
+    int32_t *w_pairs = (int32_t *)(ws + plan->pairs_at), *w_rows = (int32_t *)(ws + plan->rows_at);
     void *pairs_ws = ws + plan->pairs_ws_at;
     const size_t pairs_ws_bytes = plan->bytes - plan->pairs_ws_at;
     s = tsp_kernel_map_pair_counts_cuda(nbmap, p->n_out, p->volume, w_starts, pairs_ws,
                                         pairs_ws_bytes, stream);
     if (s != TSP_OK) return s;
-    s = tsp_kernel_map_pairs_cuda(nbmap, p->n_out, p->volume, w_starts, w_pairs, pairs_ws,
+    s = tsp_kernel_map_pairs_cuda(nbmap, p->n_out, p->volume, w_starts, w_pairs, w_rows, pairs_ws,
                                   pairs_ws_bytes, stream);
     if (s != TSP_OK) return s;
-    pairs = w_pairs, starts = w_starts, n_pairs = p->n_out * p->volume;
+    pairs = w_pairs, rows = w_rows, starts = w_starts, n_pairs = p->n_out * p->volume;
   }
-  wgmma_wgrad_pieces_kernel<T, WGS, BN, STAGES>
-      <<<(unsigned)(plan->pieces * plan->tiles), 128 * WGS, smem, stream>>>(
-          (const T *)x, p->n_in, (const T *)dy, nbmap, (int)p->volume, (int)p->c_in,
-          (int)p->c_out, p->n_out, pairs, starts, n_pairs, plan->pieces, partials, table);
-  s = tsp_cuda_check_launch("tsp_conv_wgmma_wgrad: pieces");
+  s = rows != NULL ? launch_pieces_kernel<T, WGS, BN, STAGES, true>(p, x, dy, nbmap, plan, pairs, rows, starts,
+                                                                     n_pairs, partials, table, stream)
+                   : launch_pieces_kernel<T, WGS, BN, STAGES, false>(p, x, dy, nbmap, plan, pairs, NULL, starts,
+                                                                      n_pairs, partials, table, stream);
   if (s != TSP_OK) return s;
   const int64_t vcc = p->c_in * p->c_out;
   wgrad_pieces_reduce_kernel<T><<<tsp_grid_blocks(p->volume * vcc / 4, 256), 256, 0, stream>>>(

@@ -33,15 +33,17 @@ enum { TILE_ROWS = 128, TILE_COLS = 32, PAIRS_THREADS = 256 };
 /* Step 1 (FILL false) or 3 (FILL true) over tiles [blockIdx.x, tiles) by
 ** gridDim.x.  count: [cells + 1], written; base: [cells + 1] scanned counts;
 ** pairs: [total], only positions below total are written (a workspace from
-** another map cannot write out of bounds). */
+** another map cannot write out of bounds); rows: NULL, or [total] likewise,
+** each pair's map entry (its input row). */
 template <bool FILL>
 __global__ void __launch_bounds__(PAIRS_THREADS)
     pairs_tile_kernel(const int32_t *__restrict__ map, int64_t n, int volume, int64_t tiles,
                       int64_t *__restrict__ count, const int64_t *__restrict__ base,
-                      const int64_t *__restrict__ starts, int32_t *__restrict__ pairs) {
-  /* present[r][c]: row r0 + r has offset k0 + c; +1 column: the per-column
-  ** reads of the ballot loop hit 32 different banks. */
-  __shared__ int32_t present[TILE_ROWS][TILE_COLS + 1];
+                      const int64_t *__restrict__ starts, int32_t *__restrict__ pairs,
+                      int32_t *__restrict__ rows_out) {
+  /* entry[r][c]: map[r0 + r, k0 + c], -1 past the rows (present when >= 0);
+  ** +1 column: the per-column reads of the ballot loop hit 32 different banks. */
+  __shared__ int32_t entry[TILE_ROWS][TILE_COLS + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const unsigned below = (1u << lane) - 1u;
   const int64_t total = FILL ? starts[volume] : 0;
@@ -55,18 +57,22 @@ __global__ void __launch_bounds__(PAIRS_THREADS)
       const int32_t *src = map + r0 * volume + k0;
       for (unsigned e = threadIdx.x; e < (unsigned)(TILE_ROWS * kc); e += blockDim.x) {
         const unsigned r = e / (unsigned)kc, c = e - r * (unsigned)kc;
-        present[r][c] = (int)r < rows && src[(int64_t)r * volume + c] >= 0;
+        entry[r][c] = (int)r < rows ? src[(int64_t)r * volume + c] : -1;
       }
       __syncthreads();
       for (int c = warp; c < kc; c += warps) {
         const int64_t cell = (int64_t)(k0 + c) * tiles + t;
         int64_t pos = FILL ? base[cell] : 0;
         for (int j = 0; j < TILE_ROWS; j += 32) {
-          const int has = present[j + lane][c];
+          const int32_t e = entry[j + lane][c];
+          const int has = e >= 0;
           const unsigned ballot = __ballot_sync(0xffffffffu, has);
           if (FILL && has) {
             const int64_t p = pos + __popc(ballot & below);
-            if (p < total) pairs[p] = (int32_t)(r0 + j + lane);
+            if (p < total) {
+              pairs[p] = (int32_t)(r0 + j + lane);
+              if (rows_out) rows_out[p] = e;
+            }
           }
           pos += __popc(ballot);
         }
@@ -132,7 +138,7 @@ tsp_status tsp_kernel_map_pair_counts_cuda(const int32_t *map, int64_t n_rows, i
   void *temp = (char *)base + align16((size_t)(plan.cells + 1) * 8);
   const char *where = "tsp_kernel_map_pair_counts_cuda: counts";
   pairs_tile_kernel<false><<<pairs_blocks(plan.tiles), PAIRS_THREADS, 0, st>>>(
-      map, n_rows, (int)volume, plan.tiles, count, NULL, NULL, NULL);
+      map, n_rows, (int)volume, plan.tiles, count, NULL, NULL, NULL, NULL);
   tsp_status s = tsp_cuda_check_launch(where);
   if (s != TSP_OK) return s;
   size_t temp_bytes = plan.temp_bytes;
@@ -146,7 +152,7 @@ tsp_status tsp_kernel_map_pair_counts_cuda(const int32_t *map, int64_t n_rows, i
 }
 
 tsp_status tsp_kernel_map_pairs_cuda(const int32_t *map, int64_t n_rows, int64_t volume,
-                                     const int64_t *starts_device, int32_t *pairs,
+                                     const int64_t *starts_device, int32_t *pairs, int32_t *rows,
                                      void *workspace, size_t workspace_bytes,
                                      tsp_cuda_stream stream) {
   if (!starts_device || n_rows < 0 || volume < 1 || volume > (1 << 30)) return TSP_ERR_ARGUMENT;
@@ -157,6 +163,6 @@ tsp_status tsp_kernel_map_pairs_cuda(const int32_t *map, int64_t n_rows, int64_t
   const int64_t *base =
       (const int64_t *)((const char *)workspace + align16((size_t)(plan.cells + 1) * 8));
   pairs_tile_kernel<true><<<pairs_blocks(plan.tiles), PAIRS_THREADS, 0, (cudaStream_t)stream>>>(
-      map, n_rows, (int)volume, plan.tiles, NULL, base, starts_device, pairs);
+      map, n_rows, (int)volume, plan.tiles, NULL, base, starts_device, pairs, rows);
   return tsp_cuda_check_launch("tsp_kernel_map_pairs_cuda: fill");
 }
