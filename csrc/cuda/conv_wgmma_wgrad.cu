@@ -363,8 +363,9 @@ template <typename T, int WGS, int BN, int STAGES> struct ww_tile {
   ** sums: dw bitwise as without.  Why: the lookup read a 32-byte sector of
   ** the map per pair for its 4 bytes (the map rows of consecutive pairs are V
   ** entries apart), about a fifth of a pair's traffic at C = 32.  Neither
-  ** more blocks per SM (three at tile 13, its shared memory cut to the ring:
-  ** subm C = 32 34.2 -> 35.8 us) nor fewer (one: 47.3) had helped.  H200,
+  ** more blocks per SM (three at tile 13, its shared memory cut to the ring
+  ** and 396 slots: wgrad op, subm C = 32 34.1 / 34.6 -> 35.6 / 36.1 us) nor
+  ** fewer (one, 132 slots: 34.1-35.1 -> 47.0-47.9) had helped.  H200,
   ** lidar_198k, fp16, HEAD -> this in one call (2026-11-29, session 63),
   ** main kernel us (tools/kernel_times.py): subm C = 32 27.2 -> 21.7, C = 64
   ** 29.7 -> 26.0, C = 128 (tile 12) 65.2 -> 56.1, C = 256 (tile 15) 192.8
