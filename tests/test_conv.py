@@ -565,17 +565,23 @@ def _torch_save_load(obj):
     return torch.load(buf, weights_only=False)
 
 
+@pytest.mark.parametrize("rows", [None, False, True])
 @pytest.mark.parametrize("built", [False, True])
-def test_pair_list_copies_with_its_map(built, device):
+def test_pair_list_copies_with_its_map(built, rows, device):
     """A SparseTensor whose map holds a PairList (a CUDA training call leaves one) deepcopies,
-    pickles and torch.saves: the copy's list is its own, built where the original's was, and
-    equal to the pure-torch reference of the map's pairs."""
+    pickles and torch.saves: the copy's list is its own, built where the original's was, with
+    the input rows where the original has them (rows None: torchsp.plan.pair_list's own choice,
+    rows on CUDA; else a list made with that flag), and equal to the pure-torch reference of the
+    map's pairs."""
     from test_pairs import check_pairs
     from torchsp.kmap import conv_geometry, get_kernel_map
     from torchsp.plan import pair_list
     x, _ = build(BY_NAME["sub_k3"], cin=4, device=device, dtype=torch.float32, seed=91)
     km = get_kernel_map(x, conv_geometry(3), traced=False)[0]
+    if rows is not None:
+        km.plans[("pairs", "fwd")] = torchsp._C.PairList(km.nbmap, rows=rows)
     holder = pair_list(km, "fwd")
+    assert holder.rows == (km.nbmap.is_cuda if rows is None else rows)
     if built:
         holder.get()
     for copy_fn in (copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o)), _torch_save_load):
@@ -584,7 +590,10 @@ def test_pair_list_copies_with_its_map(built, device):
         assert km2 is not km and torch.equal(km2.nbmap, km.nbmap)
         h2 = km2.plans[("pairs", "fwd")]
         assert h2 is not holder and h2.built == built and h2.nbmap.device == km.nbmap.device
-        check_pairs(km2.nbmap, *h2.get(), bounded=km2.nbmap.is_cuda)
+        assert h2.rows == holder.rows
+        pairs, starts = h2.get()
+        assert pairs.dim() == (2 if holder.rows else 1)
+        check_pairs(km2.nbmap, pairs, starts, bounded=km2.nbmap.is_cuda)
 
 
 def test_geometry_memo_keeps_argument_checks():
