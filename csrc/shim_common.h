@@ -157,6 +157,15 @@ inline void check_pairs_map(const at::Tensor &m, const char *op) {
               m.size(0));
 }
 
+/* kernel_map_pairs' list for P pairs: [P] of output rows, or with `rows` [2, P]
+** (output rows, then each pair's input row); -1 everywhere when `bounded` (the
+** builder fills only the pairs; the entries past them read as absent).  Both
+** shims' one allocation, the empty map's (P = 0) included. */
+inline at::Tensor pair_list_tensor(int64_t p, bool bounded, bool rows, const at::Tensor &nbmap) {
+  const std::vector<int64_t> shape = rows ? std::vector<int64_t>{2, p} : std::vector<int64_t>{p};
+  return bounded && p > 0 ? at::full(shape, -1, nbmap.options()) : at::empty(shape, nbmap.options());
+}
+
 inline void check_same_device(const at::Tensor &a, const char *an, const at::Tensor &b,
                               const char *bn, const char *op) {
   TORCH_CHECK(a.device() == b.device(), op, ": ", an, " is on ", a.device(), " but ", bn,

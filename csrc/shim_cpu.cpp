@@ -220,13 +220,12 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_
   at::Tensor nbmap = nbmap_.contiguous();
   const int64_t n = nbmap.size(0), v = nbmap.size(1);
   at::Tensor starts = at::zeros({v + 1}, nbmap.options().dtype(at::kLong));
-  if (n == 0 || v == 0) return {rows ? at::empty({2, 0}, nbmap.options()) : at::empty({0}, nbmap.options()), starts};
+  if (n == 0 || v == 0) return {pair_list_tensor(0, bounded, rows, nbmap), starts};
   check_status(tsp_kernel_map_pair_counts_cpu(nbmap.data_ptr<int32_t>(), n, v,
                                               starts.data_ptr<int64_t>()),
                op);
   const int64_t p = bounded ? n * v : starts.data_ptr<int64_t>()[v];
-  const std::vector<int64_t> shape = rows ? std::vector<int64_t>{2, p} : std::vector<int64_t>{p};
-  at::Tensor pairs = bounded ? at::full(shape, -1, nbmap.options()) : at::empty(shape, nbmap.options());
+  at::Tensor pairs = pair_list_tensor(p, bounded, rows, nbmap);
   if (starts.data_ptr<int64_t>()[v] > 0)
     check_status(tsp_kernel_map_pairs_cpu(nbmap.data_ptr<int32_t>(), n, v, starts.data_ptr<int64_t>(),
                                           pairs.data_ptr<int32_t>(), rows ? pairs.data_ptr<int32_t>() + p : nullptr),

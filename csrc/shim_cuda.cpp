@@ -333,8 +333,7 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap
   at::Tensor nbmap = nbmap_.contiguous();
   const int64_t n = nbmap.size(0), v = nbmap.size(1);
   at::Tensor starts = at::empty({v + 1}, nbmap.options().dtype(at::kLong));
-  if (n == 0 || v == 0) return {rows ? at::empty({2, 0}, nbmap.options()) : at::empty({0}, nbmap.options()),
-                                 starts.zero_()};
+  if (n == 0 || v == 0) return {pair_list_tensor(0, bounded, rows, nbmap), starts.zero_()};
   const size_t bytes = tsp_kernel_map_pairs_cuda_workspace(n, v);
   TORCH_CHECK(bytes > 0, op, ": nbmap of ", n, " rows x ", v,
               " offsets is too large for the pair scan");
@@ -344,8 +343,7 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap
                                                static_cast<size_t>(ws.numel()), current_stream()),
                op);
   const int64_t p = bounded ? n * v : starts[v].item<int64_t>();
-  const std::vector<int64_t> shape = rows ? std::vector<int64_t>{2, p} : std::vector<int64_t>{p};
-  at::Tensor pairs = bounded ? at::full(shape, -1, nbmap.options()) : at::empty(shape, nbmap.options());
+  at::Tensor pairs = pair_list_tensor(p, bounded, rows, nbmap);
   if (p > 0)
     check_status(tsp_kernel_map_pairs_cuda(nbmap.data_ptr<int32_t>(), n, v, starts.data_ptr<int64_t>(),
                                            pairs.data_ptr<int32_t>(), rows ? pairs.data_ptr<int32_t>() + p : nullptr,

@@ -151,8 +151,9 @@ def test_tensor_core_tiles(tile):
     dw_rows = torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], with_rows, starts)
     torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], with_rows, wild)
     junk = with_rows.clone()  # input rows out of range (every 3rd) and the list's -1 tail as rows
-    junk[1, ::3] = torch.tensor([x.feats.shape[0], 2 ** 31 - 1, -9], dtype=torch.int32, device="cuda").repeat(
-        junk.shape[1])[:junk[1, ::3].numel()]
+    bad = torch.tensor([x.feats.shape[0], 2 ** 31 - 1, -9], dtype=torch.int32, device="cuda")
+    n_bad = junk[1, ::3].numel()
+    junk[1, ::3] = bad[torch.arange(n_bad, device="cuda") % 3]
     torch.ops.torchsp.conv_wgrad(x.feats, g16, km.nbmap, [1, tile, 0, 0], junk, starts)
     _assert_close(y, dx, ref_y, ref_dx)
     assert (dw.double().cpu() - ref_dw).norm() / ref_dw.norm() < 1e-2
