@@ -242,6 +242,25 @@ def test_dataflow_real_scan(cin, cout):
 
 
 @needs_cuda
+@pytest.mark.parametrize("geom", [((1, 1, 1), 2), ((3, 1, 1), 1), ((1, 3, 1), 2), (2, 2), (3, 1)],
+                         ids=["k1_s2", "k311", "k131_s2", "k2_s2", "k3"])
+def test_step_plan_records_few_offsets(geom):
+    """A tile copies its step-plan record with the first two columns requested beside the head,
+    before it knows how many it uses (conv_tile.cuh tsp_tile_from_steps_by): kernels of 1, 3, 8
+    and 27 offsets, so records of fewer columns than that (V = 1; one-offset tiles at stride 2,
+    empty ones in dgrad) and more.  Forward and dgrad of tiles 0, 3 (mma.sync), 13 (all-warps
+    wgmma), 15 (warp-specialized: its producers copy the record) and 16 (ping-pong: a consumer
+    warpgroup copies it) on a real crop at 96 channels, against the fp64 gather reference into
+    NaN-poisoned memory, and bitwise equal run to run."""
+    geom = torchsp.kmap.ConvGeometry(*geom)
+    x, km, out, w, dy, ref_map, want_y, want_dx = real_scan_layer(lidar_crop().cuda(), geom, 96, 96,
+                                                                  torch.float16)
+    assert km.order.shape[0] > km.nbmap.shape[0]  # a step plan
+    for tile in (0, 3, 13, 15, 16):
+        _check_pass(x, w, dy, km, geom, [0, tile, 0, 0], want_y, want_dx, tile)
+
+
+@needs_cuda
 @pytest.mark.parametrize("k", [3, 4])
 @pytest.mark.parametrize("c", [32, 64, 128])
 def test_staged_epilogue_real_scan(k, c):

@@ -335,7 +335,8 @@ static __device__ __forceinline__ void tsp_tile_offsets(
 **   cols  count columns of BM words: column j holds the tile rows' entries
 **         of offset list[j] (-1 absent), in tile-row order.
 ** A kernel given the plan copies its tile's record into shared memory (two
-** memory round trips: count, then the rest) and reads the entry of (row r,
+** memory round trips: count with the head and the first two columns, then
+** the rest) and reads the entry of (row r,
 ** list index j) at nb[j * BM + r] instead of nb[r * V + list[j]]
 ** (tsp_tile_entry).  Why: on lidar_198k at C = 32 the first phase was 29% of
 ** the mma.sync kernel's instructions and ~20% of its stall samples (Nsight
@@ -386,12 +387,35 @@ static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__r
                                                               const tsp_tile_smem &t, int tid) {
   const int head = (int)tsp_steps_head_words(BM, volume);
   const int32_t *rec = tsp_steps_rec<BM>(steps, row0, volume);
+  const int4 *cols = (const int4 *)(rec + head);
+  /* Columns 0 and 1 are requested with the head, before count is known (as
+  ** the ring's first phase does): the record's first bytes in one request, and
+  ** a one-offset tile (stride-2 K = 2 and its transpose) in one round trip.
+  ** Words past count are -1 (tile_steps.cu) and inside the record (V columns
+  ** of room), and those past count are dropped here.  Main kernel us, H200,
+  ** lidar_198k, fp16, two rounds each in one call against reading count first
+  ** (same outputs, bitwise; 2026-11-29): up2 C = 128 fwd 32.3 -> 30.3, dgrad
+  ** 24.8 -> 24.0; down2 C = 128 fwd 25.1 -> 24.2, dgrad 32.5 -> 30.2; down3
+  ** C = 128 fwd 63.0 -> 62.0, dgrad 45.8 -> 44.4; subm C = 32 fwd 20.8 ->
+  ** 20.3, dgrad 20.3 -> 20.0; tile 13 at up2 C = 64 fwd 15.8 -> 14.7.  Eight
+  ** columns (all of a 256-thread block's first sweep) gained less and lost at
+  ** one-offset tiles (tile 13, up2 C = 64 fwd 15.9): the unused columns' bytes. */
+  enum { EARLY = 2 * (BM / 4) < NT ? 2 * (BM / 4) : NT };
+  int4 v0 = make_int4(-1, -1, -1, -1);
+  const bool early = tid < EARLY && tid < volume * (BM / 4);
+  if (early) v0 = cols[tid];
   int count = rec[2 * volume]; /* the same word for every thread: one request */
   tsp_steps_copy_head<BM, NT>(rec, volume, rows, t, tid);
   count = count < 0 ? 0 : count > volume ? volume : count;
-  const int4 *cols = (const int4 *)(rec + head);
+  if (early && tid < count * (BM / 4)) {
+    int *e = (int *)&v0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (e[q] < -1 || (int64_t)e[q] >= src_rows) e[q] = -1;
+    *(int4 *)(t.nb + 4 * tid) = v0;
+  }
 #pragma unroll 4
-  for (int i = tid; i < count * (BM / 4); i += NT) {
+  for (int i = tid < EARLY ? tid + NT : tid; i < count * (BM / 4); i += NT) {
     int4 v = cols[i];
     int *e = (int *)&v;
 #pragma unroll
