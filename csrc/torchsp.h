@@ -463,8 +463,9 @@ tsp_status tsp_tile_steps_cuda(const int32_t *map, int64_t n_rows, int64_t volum
 ** fills starts_device [V + 1] and leaves in the workspace the base of every
 ** (offset, 128-row tile); _pairs reads those bases, so it must get the same
 ** workspace, unchanged, and the same map (pairs past starts[V] are never
-** written); rows, when not NULL, gets each pair's input row as the CPU twin.  n_rows == 0 needs no workspace: the counts call zeroes starts,
-** the pairs call does nothing.  0 from the _workspace function otherwise: the
+** written); rows, when not NULL, gets each pair's input row as the CPU twin.
+** n_rows == 0 needs no workspace: the counts call zeroes starts, the pairs
+** call does nothing.  0 from the _workspace function otherwise: the
 ** sizes cannot be served (V * ceil(n_rows / 128) must stay below 2^31, a map
 ** of about 2^38 entries, and V <= 2^30). */
 size_t tsp_kernel_map_pairs_cuda_workspace(int64_t n_rows, int64_t volume);

@@ -374,6 +374,17 @@ static __device__ __forceinline__ void tsp_steps_copy_head(const int32_t *__rest
   }
 }
 
+/* Four map entries of a record's column into shared memory at dst, each
+** outside [-1, src_rows) stored as -1 (absent), as every plan word is checked
+** where it lands. */
+static __device__ __forceinline__ void tsp_steps_store_entries(int32_t *dst, int4 v, int64_t src_rows) {
+  int *e = (int *)&v;
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    if (e[q] < -1 || (int64_t)e[q] >= src_rows) e[q] = -1;
+  *(int4 *)dst = v;
+}
+
 /* The step plan record of the tile at row0 (its head, then its columns). */
 template <int BM>
 static __device__ __forceinline__ const int32_t *tsp_steps_rec(const int32_t *__restrict__ steps, int64_t row0,
@@ -391,8 +402,8 @@ static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__r
   /* Columns 0 and 1 are requested with the head, before count is known (as
   ** the ring's first phase does): the record's first bytes in one request, and
   ** a one-offset tile (stride-2 K = 2 and its transpose) in one round trip.
-  ** Words past count are -1 (tile_steps.cu) and inside the record (V columns
-  ** of room), and those past count are dropped here.  Main kernel us, H200,
+  ** The record has room for V columns, so these loads stay inside it; the
+  ** words of columns past count are dropped.  Main kernel us, H200,
   ** lidar_198k, fp16, two rounds each in one call against reading count first
   ** (same outputs, bitwise; 2026-11-29): up2 C = 128 fwd 32.3 -> 30.3, dgrad
   ** 24.8 -> 24.0; down2 C = 128 fwd 25.1 -> 24.2, dgrad 32.5 -> 30.2; down3
@@ -407,22 +418,10 @@ static __device__ __forceinline__ void tsp_tile_from_steps_by(const int32_t *__r
   int count = rec[2 * volume]; /* the same word for every thread: one request */
   tsp_steps_copy_head<BM, NT>(rec, volume, rows, t, tid);
   count = count < 0 ? 0 : count > volume ? volume : count;
-  if (early && tid < count * (BM / 4)) {
-    int *e = (int *)&v0;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (e[q] < -1 || (int64_t)e[q] >= src_rows) e[q] = -1;
-    *(int4 *)(t.nb + 4 * tid) = v0;
-  }
+  if (early && tid < count * (BM / 4)) tsp_steps_store_entries(t.nb + 4 * tid, v0, src_rows);
 #pragma unroll 4
-  for (int i = tid < EARLY ? tid + NT : tid; i < count * (BM / 4); i += NT) {
-    int4 v = cols[i];
-    int *e = (int *)&v;
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (e[q] < -1 || (int64_t)e[q] >= src_rows) e[q] = -1;
-    *(int4 *)(t.nb + 4 * i) = v;
-  }
+  for (int i = tid < EARLY ? tid + NT : tid; i < count * (BM / 4); i += NT)
+    tsp_steps_store_entries(t.nb + 4 * i, cols[i], src_rows);
   tsp_tile_sync<BAR, NT>();
 }
 
