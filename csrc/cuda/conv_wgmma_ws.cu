@@ -559,13 +559,33 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
                                         src_rows, tile, wt, t % splits, splits);
       mb_arrive(&tile_full[wg]); /* release: the producers see the tile */
       if (i > 0) mb_wait(&mma_done[wg ^ 1], ((i - 1) / 2) & 1); /* tile i - 1's stages all seen */
+      /* Tile i + 2's index, taken now: tile i + 1's was taken before tile i -
+      ** 1's mma_done, and tile i + 1's warpgroup takes its next only after
+      ** this tile's, so indices still rise with i.  Why here and not at
+      ** hand_over: the other warpgroup starts its tile only once hand_over's
+      ** mma_done arrives, and there thread 0 waited out the atomic's round
+      ** trip with the tensor cores idle.  Here it runs beside this tile's steps.
+      ** H200, lidar_198k, fp16, main kernel us from graph replays, medians of
+      ** three rounds against the take in hand_over, outputs bitwise equal
+      ** (2026-11-29): up2 C = 128 fwd 29.9 -> 29.6, dgrad 24.4 -> 23.6; down2
+      ** C = 128 fwd 24.8 -> 24.0, dgrad 30.3 -> 29.6; down3 C = 128 dgrad 44.0
+      ** -> 43.1; subm C = 128 within 1%; tile 16 forced at C = 64, up2 fwd
+      ** 28.1 -> 26.8, down2 dgrad 28.7 -> 27.3, down3 fwd 59.9 -> 57.7.
+      ** Not kept, same day: tiles 14 and 15's producers taking tile i + 1's
+      ** index once tile i is built (no gain; 8 bytes more stack at BN = 256);
+      ** tile i + 2 built before tile i's epilogue, its rows saved and half the
+      ** sums staged first (up2 C = 128 fwd 29.8 -> 30.3, down2 C = 128 dgrad
+      ** 29.9 -> 30.6, the rest within 1%); that with tile i + 2's schedule
+      ** entry asked for after tile i's first step (1-6% slower: warp 0 waits
+      ** out the atomic inside the step loop). */
+      const int taken = wt == 0 && counted ? 2 * (int)gridDim.x + ws_take(next_tile) : tiles;
       uint32_t g = i > 0 ? (uint32_t)g_next[i & 1] : 0u;
       float *const acc_out = tsp_split_accum(accum, t % splits, rows, n);
       const int count = *tile.count, steps = count * chunks;
       /* tile i + 2's index, before tile i + 1's warpgroup can take one */
       const auto hand_over = [&](uint32_t g_end) {
         if (wt == 0) {
-          const int nt = counted ? 2 * (int)gridDim.x + ws_take(next_tile) : tiles;
+          const int nt = taken;
           next_idx[wg] = nt;
           g_next[(i + 1) & 1] = (int32_t)g_end;
           if (sched) sched_ahead = tsp_steps_sched_entry(plan_steps, nt, tiles, n, BM, BN, volume);
