@@ -582,13 +582,12 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       uint32_t g = i > 0 ? (uint32_t)g_next[i & 1] : 0u;
       float *const acc_out = tsp_split_accum(accum, t % splits, rows, n);
       const int count = *tile.count, steps = count * chunks;
-      /* tile i + 2's index, before tile i + 1's warpgroup can take one */
+      /* this warpgroup's next tile index (i + 2, taken above) and the other's first step of tile i + 1 */
       const auto hand_over = [&](uint32_t g_end) {
         if (wt == 0) {
-          const int nt = taken;
-          next_idx[wg] = nt;
+          next_idx[wg] = taken;
           g_next[(i + 1) & 1] = (int32_t)g_end;
-          if (sched) sched_ahead = tsp_steps_sched_entry(plan_steps, nt, tiles, n, BM, BN, volume);
+          if (sched) sched_ahead = tsp_steps_sched_entry(plan_steps, taken, tiles, n, BM, BN, volume);
         }
         /* every thread: each arrival releases its own read of g_next[i % 2], which
         ** the other warpgroup writes next (tile i + 2's first step) */
