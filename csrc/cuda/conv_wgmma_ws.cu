@@ -577,7 +577,12 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       ** sums staged first (up2 C = 128 fwd 29.8 -> 30.3, down2 C = 128 dgrad
       ** 29.9 -> 30.6, the rest within 1%); that with tile i + 2's schedule
       ** entry asked for after tile i's first step (1-6% slower: warp 0 waits
-      ** out the atomic inside the step loop). */
+      ** out the atomic inside the step loop); the index known a tile earlier
+      ** (each warpgroup taking the one three tiles ahead, for the other; three
+      ** static tiles a block), the schedule entry asked for at tile i's start,
+      ** with and without the record's first bytes requested during the
+      ** epilogue: up2 C = 128 fwd 29.4 -> 29.1, but dgrad 23.6 -> 25.3, down2
+      ** C = 128 fwd 24.1 -> 25.9, down3 C = 128 fwd 61.2 -> 64.2. */
       const int taken = wt == 0 && counted ? 2 * (int)gridDim.x + ws_take(next_tile) : tiles;
       uint32_t g = i > 0 ? (uint32_t)g_next[i & 1] : 0u;
       float *const acc_out = tsp_split_accum(accum, t % splits, rows, n);
