@@ -564,25 +564,8 @@ __global__ void __launch_bounds__(WS_CONSUMERS + 32 * PW, MINB)
       ** this tile's, so indices still rise with i.  Why here and not at
       ** hand_over: the other warpgroup starts its tile only once hand_over's
       ** mma_done arrives, and there thread 0 waited out the atomic's round
-      ** trip with the tensor cores idle.  Here it runs beside this tile's steps.
-      ** H200, lidar_198k, fp16, main kernel us from graph replays, medians of
-      ** three rounds against the take in hand_over, outputs bitwise equal
-      ** (2026-11-29): up2 C = 128 fwd 29.9 -> 29.6, dgrad 24.4 -> 23.6; down2
-      ** C = 128 fwd 24.8 -> 24.0, dgrad 30.3 -> 29.6; down3 C = 128 dgrad 44.0
-      ** -> 43.1; subm C = 128 within 1%; tile 16 forced at C = 64, up2 fwd
-      ** 28.1 -> 26.8, down2 dgrad 28.7 -> 27.3, down3 fwd 59.9 -> 57.7.
-      ** Not kept, same day: tiles 14 and 15's producers taking tile i + 1's
-      ** index once tile i is built (no gain; 8 bytes more stack at BN = 256);
-      ** tile i + 2 built before tile i's epilogue, its rows saved and half the
-      ** sums staged first (up2 C = 128 fwd 29.8 -> 30.3, down2 C = 128 dgrad
-      ** 29.9 -> 30.6, the rest within 1%); that with tile i + 2's schedule
-      ** entry asked for after tile i's first step (1-6% slower: warp 0 waits
-      ** out the atomic inside the step loop); the index known a tile earlier
-      ** (each warpgroup taking the one three tiles ahead, for the other; three
-      ** static tiles a block), the schedule entry asked for at tile i's start,
-      ** with and without the record's first bytes requested during the
-      ** epilogue: up2 C = 128 fwd 29.4 -> 29.1, but dgrad 23.6 -> 25.3, down2
-      ** C = 128 fwd 24.1 -> 25.9, down3 C = 128 fwd 61.2 -> 64.2. */
+      ** trip with the tensor cores idle.  Here it runs beside this tile's steps
+      ** (measured, and what was tried beside it: the end of this file's notes). */
       const int taken = wt == 0 && counted ? 2 * (int)gridDim.x + ws_take(next_tile) : tiles;
       uint32_t g = i > 0 ? (uint32_t)g_next[i & 1] : 0u;
       float *const acc_out = tsp_split_accum(accum, t % splits, rows, n);
@@ -1059,7 +1042,26 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
 ** down3 dgrad 47.0 -> 47.5: noise), and zero-filled slots not filled again
 ** (~40% of the copied rows are absent neighbours; 87.1 -> 88.0, C = 256 at
 ** 0.8 m 48.9 -> 47.7).  Neither the copies' count nor their shared loads is
-** what a step waits for. */
+** what a step waits for.
+** Tile 16's counter take moved from the hand-over to the start of the tile's
+** steps (2026-11-29, session 65): H200, lidar_198k, fp16, main kernel us from
+** graph replays, medians of three rounds against the take in hand_over,
+** outputs bitwise equal: up2 C = 128 fwd 29.9 -> 29.6, dgrad 24.4 -> 23.6;
+** down2 C = 128 fwd 24.8 -> 24.0, dgrad 30.3 -> 29.6; down3 C = 128 dgrad
+** 44.0 -> 43.1; subm C = 128 within 1%; tile 16 forced at C = 64, up2 fwd
+** 28.1 -> 26.8, down2 dgrad 28.7 -> 27.3, down3 fwd 59.9 -> 57.7.  Not kept,
+** same day: tiles 14 and 15's producers taking tile i + 1's index once tile
+** i is built (no gain; 8 bytes more stack at BN = 256); tile i + 2 built
+** before tile i's epilogue, its rows saved and half the sums staged first
+** (up2 C = 128 fwd 29.8 -> 30.3, down2 C = 128 dgrad 29.9 -> 30.6, the rest
+** within 1%); that with tile i + 2's schedule entry asked for after tile
+** i's first step (1-6% slower: warp 0 waits out the atomic inside the step
+** loop); the index known a tile earlier (each warpgroup taking the one three
+** tiles ahead, for the other; three static tiles a block), the schedule
+** entry asked for at tile i's start, with and without the record's first
+** bytes requested during the epilogue: up2 C = 128 fwd 29.4 -> 29.1, but
+** dgrad 23.6 -> 25.3, down2 C = 128 fwd 24.1 -> 25.9, down3 C = 128 fwd 61.2
+** -> 64.2. */
 /* bt: the forward's w [V, red, n], B read MN-major; else dgrad's [V, n, red]. */
 template <typename T, bool BT> static tsp_status dispatch_ws(const tsp_os_launch &a, int tile) {
   const int bn = ws_bn(tile, a.n);
