@@ -5,9 +5,9 @@
 ** conv_fwd: torch.ops.torchsp.conv_fwd(...) turns each Python argument into a boxed
 ** IValue checked against the schema before the dispatcher runs.  For conv_fwd's
 ** 11 arguments that costs ~3 us a call on a 2-core x86 host, paid on every
-** layer call ahead of the kernel launch.  This entry takes the arguments
-** through pybind11's casters and calls the same op through its typed
-** dispatcher handle below the autograd key (it serves the gradless calls,
+** layer call ahead of the kernel launch.  This entry reads the arguments
+** itself (py_args.h) and calls the same op through its typed dispatcher
+** handle below the autograd key (it serves the gradless calls,
 ** torchsp.functional._gradless), so every other dispatch key still applies:
 ** CPU / CUDA, Python modes, the profiler's record.
 **
@@ -17,7 +17,12 @@
 ** thread.  The wgrad pair list comes as the map's PairList (pair_list.h),
 ** built by the first backward that reads it, not at forward.
 **
-** PairList: the class behind torchsp.plan's pair lists.
+** Both entries are METH_FASTCALL CPython functions, not pybind11 ones: its
+** casters took ~4 us more of the H200 machine's host per conv_fwd call than
+** the readers of py_args.h.
+**
+** PairList: the class behind torchsp.plan's pair lists (pybind11: built once
+** per map, off the per-call path).
 **
 ** torchsp.functional and torchsp._autograd call them on the eager path only;
 ** traced code calls torch.ops.torchsp.* (and conv_fwd's registered autograd)
@@ -34,22 +39,37 @@
 #include <vector>
 
 #include "pair_list.h"
+#include "py_args.h"
 #include "typed_ops.h"
 
 namespace torchsp {
 namespace {
 
-at::Tensor conv_fwd(const at::Tensor &x, const at::Tensor &w, const at::Tensor &nbmap, const at::Tensor &nbmap_t,
-                    c10::IntArrayRef fwd_algo, c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
-                    const OptTensor &order, const OptTensor &order_t, c10::IntArrayRef segs,
-                    c10::IntArrayRef segs_t) {
+/* conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order,
+** order_t, segs, segs_t) -> Tensor (module doc below). */
+PyObject *py_conv_fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  pybind11::gil_scoped_release no_gil;
-  /* Below the autograd key here rather than under Python's
-  ** torch._C._AutoDispatchBelowAutograd: a `with` block costs ~0.7 us a call. */
-  at::AutoDispatchBelowAutograd below_autograd;
-  return conv_fwd_op().call(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, order_t, segs, segs_t);
-  END_HANDLE_TH_ERRORS_PYBIND
+  const char *fn = "torchsp._C.conv_fwd";
+  const at::Tensor *x, *w, *nbmap, *nbmap_t;
+  PyInts fwd_algo, dgrad_algo, wgrad_algo, segs, segs_t;
+  OptTensor order, order_t;
+  if (!py_nargs(nargs, 11, fn) || !py_tensor(args[0], fn, "x", &x) || !py_tensor(args[1], fn, "weight", &w) ||
+      !py_tensor(args[2], fn, "nbmap", &nbmap) || !py_tensor(args[3], fn, "nbmap_t", &nbmap_t) ||
+      !py_ints(args[4], fn, "fwd_algo", &fwd_algo) || !py_ints(args[5], fn, "dgrad_algo", &dgrad_algo) ||
+      !py_ints(args[6], fn, "wgrad_algo", &wgrad_algo) || !py_opt_tensor(args[7], fn, "order", &order) ||
+      !py_opt_tensor(args[8], fn, "order_t", &order_t) || !py_ints(args[9], fn, "segs", &segs) ||
+      !py_ints(args[10], fn, "segs_t", &segs_t))
+    return nullptr;
+  at::Tensor y;
+  {
+    pybind11::gil_scoped_release no_gil;
+    /* Below the autograd key here rather than under Python's
+    ** torch._C._AutoDispatchBelowAutograd: a `with` block costs ~0.7 us a call. */
+    at::AutoDispatchBelowAutograd below_autograd;
+    y = conv_fwd_op().call(*x, *w, *nbmap, *nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, order_t, segs, segs_t);
+  }
+  return THPVariable_Wrap(std::move(y));
+  END_HANDLE_TH_ERRORS
 }
 
 /* A thread's side stream of one device and the two events that fork it from
@@ -190,15 +210,49 @@ struct SparseConvFunction : public torch::autograd::Function<SparseConvFunction>
   }
 };
 
-at::Tensor conv_train(const at::Tensor &x, const at::Tensor &w, const at::Tensor &nbmap, const at::Tensor &nbmap_t,
-                      c10::IntArrayRef fwd_algo, c10::IntArrayRef dgrad_algo, c10::IntArrayRef wgrad_algo,
-                      const OptTensor &order, c10::IntArrayRef segs, const OptTensor &order_t,
-                      c10::IntArrayRef segs_t, const OptPairList &pair_list, bool overlap) {
+/* *out = the PairList `o`, or nullopt for None; else a TypeError. */
+bool py_pair_list(PyObject *o, const char *fn, OptPairList *out) {
+  if (o == Py_None) {
+    out->reset();
+    return true;
+  }
+  pybind11::detail::make_caster<c10::intrusive_ptr<PairList>> caster;
+  if (!caster.load(o, false)) {
+    PyErr_Format(PyExc_TypeError, "%s: pair_list must be a torchsp._C.PairList or None, got %s", fn,
+                 Py_TYPE(o)->tp_name);
+    return false;
+  }
+  *out = pybind11::detail::cast_op<c10::intrusive_ptr<PairList>>(caster);
+  return true;
+}
+
+/* conv_train(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo,
+** order, segs, order_t, segs_t, pair_list, overlap) -> Tensor (module doc below). */
+PyObject *py_conv_train(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  pybind11::gil_scoped_release no_gil;
-  return SparseConvFunction::apply(x, w, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, segs, order_t,
-                                   segs_t, pair_list, overlap);
-  END_HANDLE_TH_ERRORS_PYBIND
+  const char *fn = "torchsp._C.conv_train";
+  const at::Tensor *x, *w, *nbmap, *nbmap_t;
+  PyInts fwd_algo, dgrad_algo, wgrad_algo, segs, segs_t;
+  OptTensor order, order_t;
+  OptPairList pair_list;
+  bool overlap = false;
+  if (!py_nargs(nargs, 13, fn) || !py_tensor(args[0], fn, "x", &x) || !py_tensor(args[1], fn, "weight", &w) ||
+      !py_tensor(args[2], fn, "nbmap", &nbmap) || !py_tensor(args[3], fn, "nbmap_t", &nbmap_t) ||
+      !py_ints(args[4], fn, "fwd_algo", &fwd_algo) || !py_ints(args[5], fn, "dgrad_algo", &dgrad_algo) ||
+      !py_ints(args[6], fn, "wgrad_algo", &wgrad_algo) || !py_opt_tensor(args[7], fn, "order", &order) ||
+      !py_ints(args[8], fn, "segs", &segs) || !py_opt_tensor(args[9], fn, "order_t", &order_t) ||
+      !py_ints(args[10], fn, "segs_t", &segs_t) || !py_pair_list(args[11], fn, &pair_list) ||
+      !py_bool(args[12], fn, "overlap", &overlap))
+    return nullptr;
+  at::Tensor y;
+  {
+    pybind11::gil_scoped_release no_gil;
+    y = SparseConvFunction::apply(*x, *w, *nbmap, *nbmap_t, c10::IntArrayRef(fwd_algo), c10::IntArrayRef(dgrad_algo),
+                                  c10::IntArrayRef(wgrad_algo), order, c10::IntArrayRef(segs), order_t,
+                                  c10::IntArrayRef(segs_t), pair_list, overlap);
+  }
+  return THPVariable_Wrap(std::move(y));
+  END_HANDLE_TH_ERRORS
 }
 
 c10::intrusive_ptr<PairList> pair_list_new(const at::Tensor &nbmap, bool rows) {
@@ -234,15 +288,24 @@ std::tuple<at::Tensor, at::Tensor> pair_list_get(PairList &self) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchsp's compiled library: loading it registers torch.ops.torchsp.*; the functions below are "
             "eager entries into conv_fwd through its typed dispatcher handle (csrc/eager.cpp)";
-  m.def("conv_fwd", &torchsp::conv_fwd,
-        "conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, order_t, segs, segs_t) "
-        "-> Tensor: torch.ops.torchsp.conv_fwd with every argument given, below the autograd key (the "
-        "result has no gradient)");
-  m.def("conv_train", &torchsp::conv_train,
-        "conv_train(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, segs, order_t, segs_t, "
-        "pair_list, overlap) -> Tensor: conv_fwd as an autograd node whose backward calls conv_dgrad (order_t, "
-        "segs_t) and conv_wgrad (pair_list.get() when pair_list is a PairList of nbmap, built then if it is not "
-        "yet); overlap: wgrad on a side stream beside dgrad when both are wanted on a GPU");
+  static PyMethodDef entries[] = {
+      {"conv_fwd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&torchsp::py_conv_fwd)),
+       METH_FASTCALL,
+       "conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, order_t, segs, segs_t) "
+       "-> Tensor: torch.ops.torchsp.conv_fwd with every argument given, positionally, below the autograd key "
+       "(the result has no gradient)"},
+      {"conv_train", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(&torchsp::py_conv_train)),
+       METH_FASTCALL,
+       "conv_train(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, segs, order_t, segs_t, "
+       "pair_list, overlap) -> Tensor: conv_fwd as an autograd node whose backward calls conv_dgrad (order_t, "
+       "segs_t) and conv_wgrad (pair_list.get() when pair_list is a PairList of nbmap, built then if it is not "
+       "yet); overlap: wgrad on a side stream beside dgrad when both are wanted on a GPU; positional"},
+  };
+  for (PyMethodDef &e : entries) {
+    PyObject *f = PyCFunction_NewEx(&e, nullptr, m.attr("__name__").ptr());
+    if (f == nullptr) throw pybind11::error_already_set();
+    m.add_object(e.ml_name, pybind11::reinterpret_steal<pybind11::object>(f));
+  }
   pybind11::class_<torchsp::PairList, c10::intrusive_ptr<torchsp::PairList>>(
       m, "PairList",
       "PairList(nbmap, rows=False): the pair list of a kernel map direction (nbmap int32 [N, V]), with the "

@@ -166,6 +166,12 @@ inline at::Tensor pair_list_tensor(int64_t p, bool bounded, bool rows, const at:
   return bounded && p > 0 ? at::full(shape, -1, nbmap.options()) : at::empty(shape, nbmap.options());
 }
 
+/* The second row of a contiguous pair list `pairs` [2, P] (each pair's input
+** row), or nullptr for a list [P] of output rows only. */
+inline int32_t *pair_rows_of(const at::Tensor &pairs) {
+  return pairs.dim() == 2 ? pairs.data_ptr<int32_t>() + pairs.size(1) : nullptr;
+}
+
 inline void check_same_device(const at::Tensor &a, const char *an, const at::Tensor &b,
                               const char *bn, const char *op) {
   TORCH_CHECK(a.device() == b.device(), op, ": ", an, " is on ", a.device(), " but ", bn,

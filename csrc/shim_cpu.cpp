@@ -228,7 +228,7 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cpu(const at::Tensor &nbmap_
   at::Tensor pairs = pair_list_tensor(p, bounded, rows, nbmap);
   if (starts.data_ptr<int64_t>()[v] > 0)
     check_status(tsp_kernel_map_pairs_cpu(nbmap.data_ptr<int32_t>(), n, v, starts.data_ptr<int64_t>(),
-                                          pairs.data_ptr<int32_t>(), rows ? pairs.data_ptr<int32_t>() + p : nullptr),
+                                          pairs.data_ptr<int32_t>(), pair_rows_of(pairs)),
                  op);
   return {pairs, starts};
 }

@@ -267,7 +267,7 @@ at::Tensor conv_wgrad_cuda(const at::Tensor &x_, const at::Tensor &dy_, const at
     pairs = pairs_->contiguous();
     pair_starts = pair_starts_->contiguous();
     p.pairs = pairs.data_ptr<int32_t>();
-    p.pair_rows = pairs.dim() == 2 ? p.pairs + p.n_pairs : nullptr; /* [2, P]: the input rows */
+    p.pair_rows = pair_rows_of(pairs);
     p.pair_starts = pair_starts.data_ptr<int64_t>();
   }
   at::Tensor dw = at::empty({p.volume, p.c_in, p.c_out}, x.options());
@@ -346,7 +346,7 @@ std::tuple<at::Tensor, at::Tensor> kernel_map_pairs_cuda(const at::Tensor &nbmap
   at::Tensor pairs = pair_list_tensor(p, bounded, rows, nbmap);
   if (p > 0)
     check_status(tsp_kernel_map_pairs_cuda(nbmap.data_ptr<int32_t>(), n, v, starts.data_ptr<int64_t>(),
-                                           pairs.data_ptr<int32_t>(), rows ? pairs.data_ptr<int32_t>() + p : nullptr,
+                                           pairs.data_ptr<int32_t>(), pair_rows_of(pairs),
                                            ws.data_ptr(), static_cast<size_t>(ws.numel()), current_stream()),
                  op);
   return {pairs, starts};

@@ -298,8 +298,7 @@ def test_sparse_conv3d_bad_algo_shape(algo):
 @pytest.mark.parametrize("grad", [False, True], ids=["gradless", "training"])
 def test_sparse_conv3d_algo_element_not_int(bad, grad):
     """Three lists of four whose element is no integer: a ValueError naming algo on both eager
-    routes (pybind11 named only the entry, conv_fwd() or conv_train(), "incompatible function
-    arguments")."""
+    routes (the entries' TypeError names their own argument, wgrad_algo[3], not the caller's)."""
     c = random_coords(40, span=3, seed=5)
     x = torchsp.SparseTensor(randn(c.shape[0], 8, dtype=torch.float64), c)
     w = randn(27, 8, 8, dtype=torch.float64, seed=2).requires_grad_(grad)
@@ -348,23 +347,41 @@ def test_eager_entries_report_op_errors(which, grad, device):
 
 
 def test_eager_entry_argument_types():
-    """torchsp._C.conv_fwd with an argument of the wrong Python type raises TypeError (pybind11's
-    casters), and a wrong tensor the shim's RuntimeError naming it, as torch.ops.torchsp does."""
+    """torchsp._C.conv_fwd / conv_train (METH_FASTCALL entries, csrc/py_args.h) with an argument
+    of the wrong Python type raise TypeError naming the entry and the argument, and a wrong tensor
+    the shim's RuntimeError naming it, as torch.ops.torchsp does."""
     x, w = randn(10, 3), randn(27, 3, 4)
     nb = torch.full((10, 27), -1, dtype=torch.int32)
     a = [0, 0, 0, 0]
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"conv_fwd: fwd_algo must be a list of ints, got str"):
         torchsp._C.conv_fwd(x, w, nb, nb, "0000", a, a, None, None, [], [])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"conv_fwd: dgrad_algo\[1\] must be an int, got float"):
+        torchsp._C.conv_fwd(x, w, nb, nb, a, [0, 1.0, 0, 0], a, None, None, [], [])
+    with pytest.raises(OverflowError, match=r"conv_fwd: segs\[0\] does not fit in int64"):
+        torchsp._C.conv_fwd(x, w, nb, nb, a, a, a, None, None, [2**70, 1, 1, 1], [])
+    with pytest.raises(TypeError, match=r"conv_fwd: takes 11 positional arguments, got 10"):
         torchsp._C.conv_fwd(x, w, nb, nb, a, a, a, None, None, [])
+    with pytest.raises(TypeError, match=r"conv_fwd: nbmap_t must be a Tensor, got list"):
+        torchsp._C.conv_fwd(x, w, nb, [0], a, a, a, None, None, [], [])
+    with pytest.raises(TypeError, match=r"conv_fwd: order_t must be a Tensor, got int"):
+        torchsp._C.conv_fwd(x, w, nb, nb, a, a, a, None, 3, [], [])
+    with pytest.raises(TypeError):  # keywords: the entries are positional
+        torchsp._C.conv_fwd(x, w, nb, nb, a, a, a, None, None, [], segs_t=[])
     with pytest.raises(RuntimeError, match="nbmap.*int32"):
         torchsp._C.conv_fwd(x, w, nb.long(), nb, a, a, a, None, None, [], [])
     with pytest.raises(RuntimeError, match="weight"):
         torchsp._C.conv_fwd(x, w[:, :2], nb, nb, a, a, a, None, None, [], [])
-    with pytest.raises(TypeError):  # one argument short
+    # tuples read as lists do; the sums are the op's
+    y = torchsp._C.conv_fwd(x, w, nb, nb, tuple(a), a, a, None, None, (), [])
+    assert torch.equal(y, torch.ops.torchsp.conv_fwd(x, w, nb, nb, a, a, a, None, None, [], []))
+    with pytest.raises(TypeError, match=r"conv_train: takes 13 positional arguments, got 12"):
         torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], None)
-    with pytest.raises(TypeError):  # pair_list takes a torchsp._C.PairList or None
+    with pytest.raises(TypeError, match=r"conv_train: pair_list must be a torchsp._C.PairList or None, got tuple"):
         torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], (nb, nb), False)
+    with pytest.raises(TypeError, match=r"conv_train: overlap must be a bool, got int"):
+        torchsp._C.conv_train(x, w, nb, nb, a, a, a, None, [], None, [], None, 1)
+    with pytest.raises(TypeError, match=r"conv_train: x must be a Tensor, got NoneType"):
+        torchsp._C.conv_train(None, w, nb, nb, a, a, a, None, [], None, [], None, False)
     with pytest.raises(TypeError):
         torchsp._C.PairList("nbmap")
     with pytest.raises(RuntimeError, match="nbmap.*int32"):

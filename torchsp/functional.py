@@ -261,7 +261,7 @@ def sparse_conv3d(input, weight, kernel_size, bias=None, stride=1, padding=None,
     if _gradless(traced, feats, weight):  # _C.conv_fwd runs below the autograd key
         try:
             y = _C.conv_fwd(feats, weight, kmap.nbmap, kmap.nbmap_t, fwd, dgrad, wgrad, order, None, segs, [])
-        except TypeError:  # pybind11 names the entry, not the argument: an algo element that is no int?
+        except TypeError:  # the entry names its own argument (fwd_algo[3]), not algo: an element no int?
             _check_algo_ints(algo, fwd, dgrad, wgrad)
             raise
     elif not traced and eager_ok(feats, weight):  # eager training call: torchsp._autograd's lean route
