@@ -17,9 +17,9 @@
 ** thread.  The wgrad pair list comes as the map's PairList (pair_list.h),
 ** built by the first backward that reads it, not at forward.
 **
-** Both entries are METH_FASTCALL CPython functions, not pybind11 ones: its
-** casters took ~4 us more of the H200 machine's host per conv_fwd call than
-** the readers of py_args.h.
+** Both entries are METH_FASTCALL CPython functions, not pybind11 ones:
+** pybind11's casters took ~4 us more of the H200 machine's host per conv_fwd
+** call than the readers of py_args.h.
 **
 ** PairList: the class behind torchsp.plan's pair lists (pybind11: built once
 ** per map, off the per-call path).
