@@ -45,18 +45,29 @@
 namespace torchsp {
 namespace {
 
+/* The first seven arguments both entries take, in this order. */
+struct ConvHead {
+  const at::Tensor *x, *w, *nbmap, *nbmap_t;
+  PyInts fwd_algo, dgrad_algo, wgrad_algo;
+};
+
+/* *h = args[0 .. 6] of the entry `fn`, or false with a TypeError. */
+bool py_conv_head(PyObject *const *args, const char *fn, ConvHead *h) {
+  return py_tensor(args[0], fn, "x", &h->x) && py_tensor(args[1], fn, "weight", &h->w) &&
+         py_tensor(args[2], fn, "nbmap", &h->nbmap) && py_tensor(args[3], fn, "nbmap_t", &h->nbmap_t) &&
+         py_ints(args[4], fn, "fwd_algo", &h->fwd_algo) && py_ints(args[5], fn, "dgrad_algo", &h->dgrad_algo) &&
+         py_ints(args[6], fn, "wgrad_algo", &h->wgrad_algo);
+}
+
 /* conv_fwd(x, weight, nbmap, nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order,
 ** order_t, segs, segs_t) -> Tensor (module doc below). */
 PyObject *py_conv_fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   const char *fn = "torchsp._C.conv_fwd";
-  const at::Tensor *x, *w, *nbmap, *nbmap_t;
-  PyInts fwd_algo, dgrad_algo, wgrad_algo, segs, segs_t;
+  ConvHead h;
+  PyInts segs, segs_t;
   OptTensor order, order_t;
-  if (!py_nargs(nargs, 11, fn) || !py_tensor(args[0], fn, "x", &x) || !py_tensor(args[1], fn, "weight", &w) ||
-      !py_tensor(args[2], fn, "nbmap", &nbmap) || !py_tensor(args[3], fn, "nbmap_t", &nbmap_t) ||
-      !py_ints(args[4], fn, "fwd_algo", &fwd_algo) || !py_ints(args[5], fn, "dgrad_algo", &dgrad_algo) ||
-      !py_ints(args[6], fn, "wgrad_algo", &wgrad_algo) || !py_opt_tensor(args[7], fn, "order", &order) ||
+  if (!py_nargs(nargs, 11, fn) || !py_conv_head(args, fn, &h) || !py_opt_tensor(args[7], fn, "order", &order) ||
       !py_opt_tensor(args[8], fn, "order_t", &order_t) || !py_ints(args[9], fn, "segs", &segs) ||
       !py_ints(args[10], fn, "segs_t", &segs_t))
     return nullptr;
@@ -66,7 +77,8 @@ PyObject *py_conv_fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     /* Below the autograd key here rather than under Python's
     ** torch._C._AutoDispatchBelowAutograd: a `with` block costs ~0.7 us a call. */
     at::AutoDispatchBelowAutograd below_autograd;
-    y = conv_fwd_op().call(*x, *w, *nbmap, *nbmap_t, fwd_algo, dgrad_algo, wgrad_algo, order, order_t, segs, segs_t);
+    y = conv_fwd_op().call(*h.x, *h.w, *h.nbmap, *h.nbmap_t, h.fwd_algo, h.dgrad_algo, h.wgrad_algo, order, order_t,
+                           segs, segs_t);
   }
   return THPVariable_Wrap(std::move(y));
   END_HANDLE_TH_ERRORS
@@ -231,15 +243,12 @@ bool py_pair_list(PyObject *o, const char *fn, OptPairList *out) {
 PyObject *py_conv_train(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   const char *fn = "torchsp._C.conv_train";
-  const at::Tensor *x, *w, *nbmap, *nbmap_t;
-  PyInts fwd_algo, dgrad_algo, wgrad_algo, segs, segs_t;
+  ConvHead h;
+  PyInts segs, segs_t;
   OptTensor order, order_t;
   OptPairList pair_list;
   bool overlap = false;
-  if (!py_nargs(nargs, 13, fn) || !py_tensor(args[0], fn, "x", &x) || !py_tensor(args[1], fn, "weight", &w) ||
-      !py_tensor(args[2], fn, "nbmap", &nbmap) || !py_tensor(args[3], fn, "nbmap_t", &nbmap_t) ||
-      !py_ints(args[4], fn, "fwd_algo", &fwd_algo) || !py_ints(args[5], fn, "dgrad_algo", &dgrad_algo) ||
-      !py_ints(args[6], fn, "wgrad_algo", &wgrad_algo) || !py_opt_tensor(args[7], fn, "order", &order) ||
+  if (!py_nargs(nargs, 13, fn) || !py_conv_head(args, fn, &h) || !py_opt_tensor(args[7], fn, "order", &order) ||
       !py_ints(args[8], fn, "segs", &segs) || !py_opt_tensor(args[9], fn, "order_t", &order_t) ||
       !py_ints(args[10], fn, "segs_t", &segs_t) || !py_pair_list(args[11], fn, &pair_list) ||
       !py_bool(args[12], fn, "overlap", &overlap))
@@ -247,9 +256,9 @@ PyObject *py_conv_train(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
   at::Tensor y;
   {
     pybind11::gil_scoped_release no_gil;
-    y = SparseConvFunction::apply(*x, *w, *nbmap, *nbmap_t, c10::IntArrayRef(fwd_algo), c10::IntArrayRef(dgrad_algo),
-                                  c10::IntArrayRef(wgrad_algo), order, c10::IntArrayRef(segs), order_t,
-                                  c10::IntArrayRef(segs_t), pair_list, overlap);
+    y = SparseConvFunction::apply(*h.x, *h.w, *h.nbmap, *h.nbmap_t, c10::IntArrayRef(h.fwd_algo),
+                                  c10::IntArrayRef(h.dgrad_algo), c10::IntArrayRef(h.wgrad_algo), order,
+                                  c10::IntArrayRef(segs), order_t, c10::IntArrayRef(segs_t), pair_list, overlap);
   }
   return THPVariable_Wrap(std::move(y));
   END_HANDLE_TH_ERRORS
