@@ -99,9 +99,13 @@ def tile_pack(nbmap, order, window=4096, tile=128):
     csrc/cpu/tile_pack.c's header): runs of consecutive entries with equal masks; `tile`-entry
     tiles, each seeded with the run of most entries left (then larger popcount, lower run),
     which gives first, then filled with the runs whose masks lie inside the tile's union by
-    decreasing popcount then run, the union widened by the run of least extra offsets per entry it can give (exact
-    fractions here; ties: lower run) until full; a tile lists its entries run by run.  Entries
-    outside [0, N) are rows without offsets and keep their value."""
+    decreasing popcount then run, the union widened until full by the candidate of least extra
+    offsets per entry it lets in (exact fractions here): each run with entries left (its own
+    entries), and each set of one or two offsets outside the union that some run's offsets
+    outside it equal (the entries of every run whose offsets outside the union lie inside the
+    set); ties: runs before sets, runs by index, sets by b1 * 65 ({b1}) or b1 * 65 + 1 + b2 ({b1 <
+    b2}).  A tile lists its entries run by run.  Entries outside [0, N) are rows without offsets
+    and keep their value."""
     from fractions import Fraction
     nbmap, order = nbmap.long().cpu(), order.long().cpu()
     n, v = nbmap.shape
@@ -141,9 +145,15 @@ def tile_pack(nbmap, order, window=4096, tile=128):
                 if need == 0:
                     break
                 avail = {i: len(runs[i][1]) - runs[i][2] - give.get(i, 0) for i in range(len(runs))}
-                best = min((i for i in avail if avail[i] > 0),
-                           key=lambda i: (Fraction(len(runs[i][0] - union), min(avail[i], need)), i))
-                union |= runs[best][0]
+                alive = [i for i in avail if avail[i] > 0]
+                # (fraction, kind, index, offsets added): kind 0 a run, 1 a set of one or two offsets
+                cands = [(Fraction(len(runs[i][0] - union), min(avail[i], need)), 0, i, runs[i][0]) for i in alive]
+                for s in {frozenset(runs[i][0] - union) for i in alive if len(runs[i][0] - union) <= 2}:
+                    gain = sum(avail[i] for i in alive if runs[i][0] - union <= s)
+                    b = sorted(s)
+                    index = b[0] * 65 + (1 + b[1] if len(b) == 2 else 0)
+                    cands.append((Fraction(len(s), min(gain, need)), 1, index, s))
+                union |= min(cands, key=lambda c: c[:3])[3]
             for i in sorted(give):
                 r = runs[i]
                 out += r[1][r[2]:r[2] + give[i]]

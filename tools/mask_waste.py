@@ -10,9 +10,9 @@ H100 kernels' ~50-80% of peak on computed MACs and the floor.
 
 This tool measures the ratio for the mask order (torchsp.kmap.mask_order), for the order a
 CUDA map's step plan walks (the mask order packed into tiles within 4096-row windows:
-torch.ops.torchsp.tile_steps, whose CPU twin gives the same plan; since session 32 it takes
-lidar_198k from 1.89 to 1.63 at 0.05 m and 1.94 to 1.69 at 0.1 m, 128-row tiles; session 30's
-decision tree reached 1.73 and 1.78), and for a *density split*: the offsets present in at
+torch.ops.torchsp.tile_steps, whose CPU twin gives the same plan; since session 67 it takes
+lidar_198k from 1.89 to 1.59 at 0.05 m and 1.94 to 1.64 at 0.1 m, 128-row tiles, 1.63 and 1.69
+in sessions 32-66; session 30's decision tree reached 1.73 and 1.78), and for a *density split*: the offsets present in at
 least a fraction d of the rows form one segment over all rows, the rarer ones a second segment
 over only the rows that have any of them, each segment mask-sorted by its own offsets.  The second segment's sums
 are added to the first's output: its rows' fp16 read-add-write (bytes printed) is the price.

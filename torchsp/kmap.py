@@ -166,9 +166,10 @@ def tile_order(nbmap):
     output rows and, per used offset, the rows' map entries, then the tiles by decreasing offset
     count (the order the ping-pong kernel takes them in).  The packing builds each window's
     tiles greedily: seeded with the mask most rows left have, filled with rows whose masks lie
-    inside the tile's offsets (csrc/cpu/tile_pack.c), so tiles use fewer offsets: on lidar_198k
-    the products computed per useful one fall from 1.89 to 1.63 (subm 3x3x3 at 0.05 m), 1.94 to
-    1.69 (0.1 m) and 2.66 to 1.90 (stride-2 K = 3).
+    inside the tile's offsets, widened by the run or the one or two offsets that let in most rows
+    per offset added (csrc/cpu/tile_pack.c), so tiles use fewer offsets: on lidar_198k the
+    products computed per useful one fall from 1.89 to 1.59 (subm 3x3x3 at 0.05 m), 1.94 to
+    1.64 (0.1 m) and 2.66 to 1.84 (stride-2 K = 3).
     The conv ops take it, with this map, wherever they take an unsegmented order (the CUDA
     kernels read the map entries from the plan, not from nbmap); the CUDA kernels with 128-row
     tiles then copy each tile's record instead of reading and sorting V map entries per row on

@@ -4,7 +4,8 @@
 ** says why it exists and states the rule.  tile_steps.cu runs it first.
 **
 ** One block of 1024 threads per 4096-entry window; the window's offset masks
-** (then each run's), entries and run starts sit in shared memory (64 KB), and
+** (then each run's), entries, run starts and the widening's counters of
+** offset sets sit in shared memory (81 KB), and
 ** thread t holds the entries left and given of runs [t C, t C + C) in
 ** registers (C = ceil(runs / 1024) <= 4), so a pass over all runs is four
 ** iterations and a barrier or two.  A tile is built in passes that each end in
@@ -15,7 +16,11 @@
 **     (shared atomics); warp 0 finds the popcount p* at which the tile fills
 **     from the top; runs above p* give all, those at p* give in run order
 **     (a block scan of what they can give);
-**   - widen: the minimum of (extra * 65536 / give) << 13 | r;
+**   - widen: each run's key, (extra * 65536 / give) << 14 | r, while the runs
+**     one or two offsets outside the union add what they can give into
+**     shared counters of those offsets (single, pair); after a barrier the
+**     sets' keys, (|S| * 65536 / gain) << 14 | 8192 + index, join the
+**     runs' in one block minimum;
 **   - write: a block scan of the runs' counts places each run's entries, and
 **     each warp copies its lanes' runs one at a time, 32 entries a step.
 ** The windows run in parallel; the tiles of a window one after the other.
@@ -25,7 +30,10 @@
 ** eleven widenings a tile).  8192-entry windows packed 1-2% better (1.663
 ** against 1.688 products per pair at 0.1 m; main kernels 0.5-1% faster) for
 ** 1.2-1.5 ms a plan.  Hence KernelMap packs a plan only once it has served a
-** few passes (torchsp.kmap.REFINE_AFTER).
+** few passes (torchsp.kmap.REFINE_AFTER).  The offset sets' widening (session
+** 67) needs fewer widenings, so packing and plan together took no longer on
+** the H200: subm 3x3x3 at 0.05 m 662 -> 619 us, at 0.1 m 684 -> 637, the
+** stride-2 K = 3 forward 507 -> 487 (README).
 */
 #include "conv_internal.cuh"
 
@@ -120,6 +128,8 @@ __global__ void __launch_bounds__(PACK_THREADS, 1)
   int32_t *wsum = rstart + PACK_W + 1;         /* [PACK_WARPS] pack_scan's */
   int32_t *bucket = wsum + PACK_WARPS;         /* [65] fill: what subset runs can give, by popcount */
   int32_t *fill = bucket + 65;                 /* [3] warp 0's p*, `before` and the need after a fill */
+  int32_t *single = fill + 3;                  /* [64] widen: entries of the runs {b} outside the union */
+  int32_t *pair = single + 64;                 /* [64 * 64] and of those {b1, b2}, at b1 * 64 + b2 (b1 < b2) */
   const int p = threadIdx.x, lane = p & 31, warp = p >> 5;
   const int64_t base = (int64_t)blockIdx.x * PACK_W;
   if (blockIdx.x == 0)
@@ -146,6 +156,8 @@ __global__ void __launch_bounds__(PACK_THREADS, 1)
     }
   }
   if (p < 65) bucket[p] = 0;
+  if (p < 64) single[p] = 0;
+  for (int t = p; t < 64 * 64; t += PACK_THREADS) pair[t] = 0;
   __syncthreads();
   /* runs: thread p scans entries [p PER, p PER + PER) for run starts */
   int n_runs;
@@ -261,19 +273,45 @@ __global__ void __launch_bounds__(PACK_THREADS, 1)
       }
       need = need_after;
       if (need == 0) break;
-      /* widen u by the run of least extra offsets per entry it can give, ties the lower r */
+      /* widen u by the candidate of least extra offsets per entry it lets in: a run (index r),
+      ** or a set of one or two offsets (index 8192 + b1 * 65, or + 1 + b2), ties the lower index */
       uint64_t best = ~(uint64_t)0;
 #pragma unroll
       for (int j = 0; j < PACK_PER; ++j) {
         const int avail = (st[j] >> 8) - (st[j] & 255);
         if (j < cnt && avail > 0) {
-          const uint32_t extra = (uint32_t)__popcll(rm[j] & ~u); /* <= 64: the quotient fits 23 bits */
-          const uint64_t k = (uint64_t)((extra << 16) / (uint32_t)(avail < need ? avail : need)) << 13 | (uint64_t)(r0 + j);
+          const uint64_t d = rm[j] & ~u;
+          const uint32_t extra = (uint32_t)__popcll(d); /* <= 64: the quotient fits 23 bits */
+          const uint64_t k = (uint64_t)((extra << 16) / (uint32_t)(avail < need ? avail : need)) << 14 | (uint64_t)(r0 + j);
           best = k < best ? k : best;
+          if (extra == 1) atomicAdd(&single[__ffsll((long long)d) - 1], avail);
+          else if (extra == 2) atomicAdd(&pair[(__ffsll((long long)d) - 1) * 64 + __ffsll((long long)(d & (d - 1))) - 1], avail);
         }
       }
-      best = pack_reduce<false>(best, wkey);
-      u |= masks[(int)(best & 8191u)];
+      __syncthreads();
+      if (p < 64 && single[p] > 0) {
+        const uint32_t g = (uint32_t)single[p];
+        const uint64_t k = (uint64_t)((1u << 16) / (g < (uint32_t)need ? g : (uint32_t)need)) << 14 | (uint64_t)(8192 + p * 65);
+        best = k < best ? k : best;
+      }
+      for (int t = p; t < 64 * 64; t += PACK_THREADS)
+        if (pair[t] > 0) { /* a window's entries: the sum fits */
+          const int b1 = t >> 6, b2 = t & 63;
+          const uint32_t g = (uint32_t)(single[b1] + single[b2] + pair[t]);
+          const uint64_t k =
+              (uint64_t)((2u << 16) / (g < (uint32_t)need ? g : (uint32_t)need)) << 14 | (uint64_t)(8192 + b1 * 65 + 1 + b2);
+          best = k < best ? k : best;
+        }
+      best = pack_reduce<false>(best, wkey); /* its first barrier follows every read of the counters */
+      if (p < 64) single[p] = 0;
+      for (int t = p; t < 64 * 64; t += PACK_THREADS) pair[t] = 0;
+      const int index = (int)(best & 16383u);
+      if (index < 8192) {
+        u |= masks[index];
+      } else {
+        const int b1 = (index - 8192) / 65, b2 = (index - 8192) % 65 - 1;
+        u |= (uint64_t)1 << b1 | (b2 >= 0 ? (uint64_t)1 << b2 : 0);
+      }
     }
     /* write: the tile's entries run by run, and in the same barriers the next tile's seed */
     int mine = 0;
@@ -307,7 +345,7 @@ static tsp_status pack_launch(const int32_t *map, int64_t n_rows, int64_t volume
   const int64_t windows = (n_rows + PACK_W - 1) / PACK_W;
   if (windows < 1) return TSP_OK;
   const size_t smem = (size_t)(PACK_W + PACK_WARPS) * sizeof(uint64_t) +
-                      (size_t)(2 * PACK_W + 1 + PACK_WARPS + 68) * sizeof(int32_t);
+                      (size_t)(2 * PACK_W + 1 + PACK_WARPS + 68 + 64 + 64 * 64) * sizeof(int32_t);
   static uint64_t smem_raised = 0;
   const tsp_status s = tsp_raise_smem_limit((const void *)tile_pack_kernel<PACK_W>, smem, &smem_raised, "tsp_tile_pack");
   if (s != TSP_OK) return s;
