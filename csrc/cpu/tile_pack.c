@@ -45,7 +45,7 @@
 **     1.841; H200 main kernels (CUDA graph replays, one process): subm C =
 **     128 fwd 92.3 -> 90.4 us, C = 256 fwd 316.9 -> 306.5 and dgrad 317.0 ->
 **     307.6 (settled, at the power cap), the C <= 64 passes within 1.5%
-**     (README, session 67).  Sets of three offsets added under 0.2%, and
+**     (README, session 67).  Sets of three offsets took 0.1-0.3% more off, and
 **     ordering each tile's runs so that its two 64-row halves use fewer
 **     offsets (1.599 -> 1.578 at the halves) no time but 0.45 ms a plan;
 **   - the tile lists its entries run by run in increasing r, each run's next

@@ -30,10 +30,11 @@
 ** eleven widenings a tile).  8192-entry windows packed 1-2% better (1.663
 ** against 1.688 products per pair at 0.1 m; main kernels 0.5-1% faster) for
 ** 1.2-1.5 ms a plan.  Hence KernelMap packs a plan only once it has served a
-** few passes (torchsp.kmap.REFINE_AFTER).  The offset sets' widening (session
-** 67) needs fewer widenings, so packing and plan together took no longer on
-** the H200: subm 3x3x3 at 0.05 m 662 -> 619 us, at 0.1 m 684 -> 637, the
-** stride-2 K = 3 forward 507 -> 487 (README).
+** few passes (torchsp.kmap.REFINE_AFTER).  With the offset sets' widening
+** (session 67) packing and plan together took a little less time on the
+** H200, despite the widening's extra barrier (fewer widenings a tile, most
+** likely; not counted): subm 3x3x3 at 0.05 m 662 -> 619 us, at 0.1 m 684 ->
+** 637, the stride-2 K = 3 forward 507 -> 487 (README).
 */
 #include "conv_internal.cuh"
 
