@@ -77,6 +77,12 @@ typedef struct {
   int32_t touched[64 * 64];
 } pack_sets;
 
+/* A widening candidate's key: `extra` offsets per entry of min(gain, need),
+** scaled by 65536 (exact: the header). */
+static inline int64_t pack_widen_key(int extra, int32_t gain, int32_t need) {
+  return ((int64_t)extra << 16) / (gain < need ? gain : need);
+}
+
 /* Widening candidate (key, index) a beats b: the lower key, ties the lower index. */
 static inline int pack_beats(int64_t ka, int32_t ia, int64_t kb, int32_t ib) {
   return ka < kb || (ka == kb && ia < ib);
@@ -107,7 +113,7 @@ static uint64_t pack_widen(const pack_run *runs, int32_t n_runs, uint64_t u, int
     if (avail <= 0) continue;
     const uint64_t d = runs[r].mask & ~u;
     const int extra = pack_popc(d);
-    const int64_t key = ((int64_t)extra << 16) / (avail < need ? avail : need);
+    const int64_t key = pack_widen_key(extra, avail, need);
     if (pack_beats(key, r, best_key, best)) best_key = key, best = r, best_set = d;
     if (extra == 1) {
       sets->single[pack_low_bit(d)] += avail;
@@ -120,7 +126,7 @@ static uint64_t pack_widen(const pack_run *runs, int32_t n_runs, uint64_t u, int
   for (int b = 0; b < 64; ++b) {
     const int32_t g = sets->single[b];
     if (g > 0) {
-      const int64_t key = ((int64_t)1 << 16) / (g < need ? g : need);
+      const int64_t key = pack_widen_key(1, g, need);
       const int32_t index = TSP_PACK_WINDOW + b * 65;
       if (pack_beats(key, index, best_key, best)) best_key = key, best = index, best_set = (uint64_t)1 << b;
     }
@@ -128,7 +134,7 @@ static uint64_t pack_widen(const pack_run *runs, int32_t n_runs, uint64_t u, int
   for (int32_t i = 0; i < n_touched; ++i) {
     const int32_t at = sets->touched[i], b1 = at / 64, b2 = at % 64;
     const int32_t g = sets->single[b1] + sets->single[b2] + sets->pair[at]; /* < 2^31: entries of a window */
-    const int64_t key = ((int64_t)2 << 16) / (g < need ? g : need);
+    const int64_t key = pack_widen_key(2, g, need);
     const int32_t index = TSP_PACK_WINDOW + b1 * 65 + 1 + b2;
     if (pack_beats(key, index, best_key, best))
       best_key = key, best = index, best_set = (uint64_t)1 << b1 | (uint64_t)1 << b2;

@@ -19,7 +19,7 @@
 **   - widen: each run's key, (extra * 65536 / give) << 14 | r, while the runs
 **     one or two offsets outside the union add what they can give into
 **     shared counters of those offsets (single, pair); after a barrier the
-**     sets' keys, (|S| * 65536 / gain) << 14 | 8192 + index, join the
+**     sets' keys, (|S| * 65536 / gain) << 14 | PACK_SET0 + index, join the
 **     runs' in one block minimum;
 **   - write: a block scan of the runs' counts places each run's entries, and
 **     each warp copies its lanes' runs one at a time, 32 entries a step.
@@ -101,6 +101,19 @@ static __device__ __forceinline__ uint64_t pack_seed_key(const int (&st)[PER], c
       key = k > key ? k : key;
     }
   return key;
+}
+
+/* Widening candidates' indices: a run's is r (< TSP_PACK_WINDOW), a set's
+** PACK_SET0 + b1 * 65 for {b1} and PACK_SET0 + b1 * 65 + 1 + b2 for {b1 < b2},
+** so runs win ties, then the sets in cpu/tile_pack.c's order. */
+enum { PACK_SET0 = 8192 };
+
+/* A widening candidate's key: `extra` offsets per entry of min(gain, need)
+** (65536 / 2^14 scaled, exact: cpu/tile_pack.c), then its index.  The block's
+** minimum is the candidate taken. */
+static __device__ __forceinline__ uint64_t pack_widen_key(uint32_t extra, uint32_t gain, int need, int index) {
+  const uint32_t give = gain < (uint32_t)need ? gain : (uint32_t)need;
+  return (uint64_t)((extra << 16) / give) << 14 | (uint64_t)index; /* extra <= 64: the quotient fits 23 bits */
 }
 
 /* The block's maximum (MAX) or minimum of k, in every thread.  Two barriers. */
@@ -274,16 +287,16 @@ __global__ void __launch_bounds__(PACK_THREADS, 1)
       }
       need = need_after;
       if (need == 0) break;
-      /* widen u by the candidate of least extra offsets per entry it lets in: a run (index r),
-      ** or a set of one or two offsets (index 8192 + b1 * 65, or + 1 + b2), ties the lower index */
+      /* widen u by the candidate of least extra offsets per entry it lets in: a run or a set of
+      ** one or two offsets (PACK_SET0), ties the lower index */
       uint64_t best = ~(uint64_t)0;
 #pragma unroll
       for (int j = 0; j < PACK_PER; ++j) {
         const int avail = (st[j] >> 8) - (st[j] & 255);
         if (j < cnt && avail > 0) {
           const uint64_t d = rm[j] & ~u;
-          const uint32_t extra = (uint32_t)__popcll(d); /* <= 64: the quotient fits 23 bits */
-          const uint64_t k = (uint64_t)((extra << 16) / (uint32_t)(avail < need ? avail : need)) << 14 | (uint64_t)(r0 + j);
+          const uint32_t extra = (uint32_t)__popcll(d);
+          const uint64_t k = pack_widen_key(extra, (uint32_t)avail, need, r0 + j);
           best = k < best ? k : best;
           if (extra == 1) atomicAdd(&single[__ffsll((long long)d) - 1], avail);
           else if (extra == 2) atomicAdd(&pair[(__ffsll((long long)d) - 1) * 64 + __ffsll((long long)(d & (d - 1))) - 1], avail);
@@ -291,26 +304,24 @@ __global__ void __launch_bounds__(PACK_THREADS, 1)
       }
       __syncthreads();
       if (p < 64 && single[p] > 0) {
-        const uint32_t g = (uint32_t)single[p];
-        const uint64_t k = (uint64_t)((1u << 16) / (g < (uint32_t)need ? g : (uint32_t)need)) << 14 | (uint64_t)(8192 + p * 65);
+        const uint64_t k = pack_widen_key(1, (uint32_t)single[p], need, PACK_SET0 + p * 65);
         best = k < best ? k : best;
       }
       for (int t = p; t < 64 * 64; t += PACK_THREADS)
         if (pair[t] > 0) { /* a window's entries: the sum fits */
           const int b1 = t >> 6, b2 = t & 63;
-          const uint32_t g = (uint32_t)(single[b1] + single[b2] + pair[t]);
-          const uint64_t k =
-              (uint64_t)((2u << 16) / (g < (uint32_t)need ? g : (uint32_t)need)) << 14 | (uint64_t)(8192 + b1 * 65 + 1 + b2);
+          const uint64_t k = pack_widen_key(2, (uint32_t)(single[b1] + single[b2] + pair[t]), need,
+                                            PACK_SET0 + b1 * 65 + 1 + b2);
           best = k < best ? k : best;
         }
       best = pack_reduce<false>(best, wkey); /* its first barrier follows every read of the counters */
       if (p < 64) single[p] = 0;
       for (int t = p; t < 64 * 64; t += PACK_THREADS) pair[t] = 0;
       const int index = (int)(best & 16383u);
-      if (index < 8192) {
+      if (index < PACK_SET0) {
         u |= masks[index];
       } else {
-        const int b1 = (index - 8192) / 65, b2 = (index - 8192) % 65 - 1;
+        const int b1 = (index - PACK_SET0) / 65, b2 = (index - PACK_SET0) % 65 - 1;
         u |= (uint64_t)1 << b1 | (b2 >= 0 ? (uint64_t)1 << b2 : 0);
       }
     }
