@@ -53,9 +53,11 @@ enum { WG_THREADS = 256 };
 
 /* MW: m64 blocks per warpgroup, so a tile has BM = 128 MW rows.  SW: the
 ** 128-byte swizzled layout (BK = 64), whose stages start 1024-byte aligned. */
+/* RING: the ring, then B's two mbarriers (16 bytes: static shared memory would not fit beside the
+** device's maximum dynamic size, which tsp_raise_smem_limit sets). */
 template <int MW, int BN, int BK, int STAGES, bool SW, bool RING = false> static size_t wg_smem_bytes(int volume) {
   return (size_t)STAGES * (128 * MW + BN) * BK * 2 +
-         (RING ? tsp_tile_ring_smem_bytes(128 * MW, volume) : tsp_tile_smem_bytes(128 * MW, volume)) +
+         (RING ? tsp_tile_ring_smem_bytes(128 * MW, volume) + 16 : tsp_tile_smem_bytes(128 * MW, volume)) +
          (SW ? 1024 : 0);
 }
 
@@ -95,14 +97,18 @@ template <int MW, int BN, int BK, int STAGES, bool SW, bool RING = false> static
 ** columns in shared memory holds those of its first 12 used offsets, the
 ** later ones each copied into the slot of the column gathered before it,
 ** 11 steps ahead of its gather (conv_tile.cuh tsp_tile_ring_*), so the block
-** needs 7.5 KB less shared memory at V = 27 and four fit an SM. */
+** needs 7.5 KB less shared memory at V = 27 and four fit an SM.  Its B (w's
+** 64 x 64 box of the step) is one tensor-map copy (TMA) that thread 0 issues
+** on the stage's mbarrier, and every thread waits on that barrier before the
+** step's wgmma, instead of every thread's two cp.async and their addresses
+** (wgmma_ring_kernel's comment: what it gained). */
 template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE, bool SW, bool BT, bool RING, bool PACK>
 static __device__ __forceinline__ void
     wgmma_os_tile(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
                   const int32_t *__restrict__ map, const int32_t *__restrict__ order,
                   const int32_t *__restrict__ plan_map, int64_t rows, int64_t tile_rows, uint64_t offsets,
                   int volume, int red, int n, T *__restrict__ out, float *__restrict__ accum, int mode,
-                  int splits, const int32_t *__restrict__ plan_steps) {
+                  int splits, const int32_t *__restrict__ plan_steps, const CUtensorMap *wmap = nullptr) {
   enum { BM = 128 * MW, NT = WG_THREADS, A_STAGE = BM * BK, B_STAGE = BN * BK, ACC = BN / 2 };
   static_assert(!SW || BK == 64, "the 128-byte swizzle holds rows of 64 16-bit elements");
   static_assert(!BT || SW, "MN-major weights come in the swizzled layout only");
@@ -131,6 +137,12 @@ static __device__ __forceinline__ void
   tsp_tile_origin_split(n, BM, BN, splits, &row0, &n0, &split);
 
   const bool from_steps = plan_steps != nullptr; /* a step plan (conv_tile.cuh) */
+  /* RING: B's barriers b_full[stage] after the ring (wg_smem_bytes), one arrival each (thread
+  ** 0's, with the copy's bytes); the tile set-up's barrier publishes their initialisation. */
+  uint64_t *const b_full =
+      RING ? (uint64_t *)((unsigned char *)(s_b + STAGES * B_STAGE) + tsp_tile_ring_smem_bytes(BM, volume)) : nullptr;
+  if constexpr (RING)
+    if (tid == 0) mb_init(&b_full[0], 1), mb_init(&b_full[1], 1);
   /* RING is launched with a step plan only (dispatch_swizzled below), so
   ** its tsp_tile_offsets branch is never taken (it would fault: the ring has
   ** no tile.nb).  The runtime test is there on purpose: with the ring's
@@ -238,6 +250,8 @@ static __device__ __forceinline__ void
   /* B64: thread tid copies chunk tid % 4 of K row tid / 4, stored at chunk (tid % 4) ^ (row / 2 % 4) */
   const uint32_t b64_sm0 = tsp_smem_addr(s_b) + (uint32_t)((tid >> 2) * 64 + (((tid & 3) ^ (tid >> 3)) & 3) * 16);
   const int red2 = 2 * red, n2 = 2 * n;
+  /* RING: the stages' B and their barriers, as shared addresses */
+  const uint32_t b_stage0 = RING ? tsp_smem_addr(s_b) : 0u, bar_sm0 = RING ? tsp_smem_addr(b_full) : 0u;
   auto load_lean = [&](int li, int c0, int stage) -> uint32_t {
     /* PACK: step li's list entries are P li .. P li + P - 1; this thread's
     ** chunk tq is chunk cq of entry j (k; absent past the count). */
@@ -285,7 +299,13 @@ static __device__ __forceinline__ void
       const int kb = PACK ? s_list[valid ? jb : 0] : k;
       return (const char *)(w + col) + ((int64_t)kb * red + cb) * n2;
     };
-    if (B64) { /* K row tid / 4 */
+    if constexpr (RING) { /* one tensor-map copy (wmap: w's, wg_weight_map) by thread 0 */
+      if (tid == 0) { /* the 64 x 64 box at (n0, c0, k) (forward) or (c0, n0, k): 8192 bytes, zeros counted */
+        const uint32_t bar = bar_sm0 + 8 * (uint32_t)stage;
+        mb_arrive_expect_tx_at(bar, B_STAGE * 2);
+        tma_load_3d_at(b_stage0 + (uint32_t)stage * (B_STAGE * 2), wmap, BT ? n0 : c0, BT ? c0 : n0, k, bar);
+      }
+    } else if (B64) { /* K row tid / 4 */
       bool valid;
       const char *wc = w_chunk(tid >> 2, n0 + (tid & 3) * 8, valid);
       tsp_cp_async16_at(b64_sm0 + (uint32_t)stage * (B_STAGE * 2), wc, valid);
@@ -383,6 +403,9 @@ static __device__ __forceinline__ void
     tsp_cp_async_commit();
 
     const int stage = step % STAGES;
+    /* RING: B landed.  Every thread waits, its warpgroup's rows used or not, so that no copy is in
+    ** flight at the epilogue (whose staged stores reuse the stages) */
+    if constexpr (RING) mb_wait_at(bar_sm0 + 8 * (uint32_t)stage, (uint32_t)(step / STAGES) & 1u);
     const uint32_t oldest = tsp_ahead_next(ahead, loaded);
     const uint32_t groups = LEAN ? oldest : s_groups[s_list[comp_li]];
     comp_c0 += BK;
@@ -518,7 +541,19 @@ __global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN <= 64 ? 4 : 1)
 ** resolve_tile): tile 13's shape with the entries in a ring of 12 columns,
 ** four blocks per SM (55.7 KB of shared memory at V = 27 and at most 64
 ** registers a thread each; tile 13 holds the tile's BM x V entries, 64.8
-** KB, three blocks).
+** KB, three blocks).  wmap: w's tensor map (wg_weight_map), which B's copies
+** read (RING in wgmma_os_tile).
+** Session 68 (H200, lidar_198k, fp16, main kernel us from CUDA graph replays,
+** median of 5 rounds, three processes each way alternating, .peers/s68 call
+** 3): B from every thread's cp.async (their addresses and the copy hazard's
+** three no-op LDS each) -> one TMA copy a step: subm C = 64 fwd 36.2 / 35.5 /
+** 35.7 -> 34.4 / 34.4 / 35.2, dgrad 35.5 / 35.2 / 35.2 -> 34.6 / 34.7 / 35.4;
+** down3 fwd 41.8 / 41.6 / 41.7 -> 40.3 / 39.9 / 40.5, dgrad 28.0 / 27.6 / 27.7
+** -> 27.5 / 26.8 / 27.4; down2 fwd 13.3 / 13.1 / 13.0 -> 13.1 / 12.7 / 12.8,
+** dgrad 15.1 / 15.0 / 14.8 -> 15.3 / 15.0 / 15.2; up2 fwd within 0.1, dgrad
+** 13.1 / 13.0 / 12.9 -> 12.8 / 12.5 / 12.7; sums bitwise equal.  The step loop
+** stayed at ~200 SASS instructions a thread (the barrier's address and
+** parity cost most of what B's addresses did); 64 -> 62 registers.
 ** Session 60 (H200, lidar_198k, fp16, main kernel us from CUDA graph
 ** replays, two rounds in one call, .peers/s60 call 3): the ring went from two
 ** columns (one copied every step, a step ahead) to 12, and its step loop
@@ -555,13 +590,11 @@ __global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN <= 64 ? 4 : 1)
 enum { RING_BLOCKS = 4 };
 template <typename T, bool BT>
 __global__ void __launch_bounds__(WG_THREADS, RING_BLOCKS)
-    wgmma_ring_kernel(const T *__restrict__ src, int64_t src_rows, const T *__restrict__ w,
-                      const int32_t *__restrict__ map, const int32_t *__restrict__ order,
-                      const int32_t *__restrict__ plan_map, int64_t rows, int64_t tile_rows, uint64_t offsets,
-                      int volume, int red, int n, T *__restrict__ out, float *__restrict__ accum, int mode,
-                      int splits, const int32_t *__restrict__ plan_steps) {
-  wgmma_os_tile<T, 1, 64, 64, 2, false, true, BT, true, false>(src, src_rows, w, map, order, plan_map, rows, tile_rows,
-      offsets, volume, red, n, out, accum, mode, splits, plan_steps);
+    wgmma_ring_kernel(const T *__restrict__ src, int64_t src_rows, const __grid_constant__ CUtensorMap wmap,
+                      int64_t rows, int64_t tile_rows, int volume, int red, int n, T *__restrict__ out,
+                      float *__restrict__ accum, int mode, const int32_t *__restrict__ plan_steps) {
+  wgmma_os_tile<T, 1, 64, 64, 2, false, true, BT, true, false>(src, src_rows, nullptr, nullptr, nullptr, nullptr, rows,
+      tile_rows, 0, volume, red, n, out, accum, mode, 1, plan_steps, &wmap);
 }
 
 /* wt[k][j][c] = w[k][c][j]: forward's [red, n] weights made K-major.  A 32 x
@@ -587,7 +620,20 @@ template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false, boo
 static tsp_status launch_wgmma(const tsp_os_launch &a) {
   const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES, SW, RING>((int)a.volume);
   static uint64_t smem_raised = 0;
-  auto kernel = RING ? wgmma_ring_kernel<T, BT> : wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT, PACK>;
+  if constexpr (RING) { /* n <= 64, one column tile, no split (dispatch_swizzled) */
+    CUtensorMap wmap;
+    if (wg_weight_map(&wmap, a, BT, 64) != TSP_OK) /* no encoder: tile 13, whose B is every thread's cp.async */
+      return launch_wgmma<T, MW, BN, BK, STAGES, PIPE, SW, BT, false, PACK>(a);
+    tsp_status s = tsp_raise_smem_limit((const void *)wgmma_ring_kernel<T, BT>, smem, &smem_raised, "tsp_conv_wgmma_os");
+    if (s != TSP_OK) return s;
+    const int64_t tiles = (a.tile_rows + 127) / 128;
+    if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
+    wgmma_ring_kernel<T, BT><<<(unsigned)tiles, WG_THREADS, smem, a.stream>>>(
+        (const T *)a.src, a.src_rows, wmap, a.rows, a.tile_rows, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out,
+        a.accum, a.mode, a.steps);
+    return tsp_cuda_check_launch("tsp_conv_wgmma_os");
+  }
+  auto kernel = wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT, PACK>;
   tsp_status s = tsp_raise_smem_limit((const void *)kernel, smem, &smem_raised, "tsp_conv_wgmma_os");
   if (s != TSP_OK) return s;
   const int64_t tiles = ((a.tile_rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);

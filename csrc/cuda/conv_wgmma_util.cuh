@@ -13,6 +13,8 @@
 
 #include <stdint.h>
 
+#include <cuda.h> /* CUtensorMap and its encoder's types only: the encoder is fetched at run time */
+
 #include "conv_internal.cuh"
 #include "conv_mma.cuh"
 #include "conv_wgmma_ops.cuh"
@@ -139,6 +141,103 @@ static __device__ __forceinline__ void proxy_fence() {
 template <int N> static __device__ __forceinline__ void acc_fence(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* The tensor map that B's copies (TMA) read w through, in conv_wgmma_ws.cu's
+** producers and conv_wgmma.cu's ring: 16-bit elements (fp16 and bf16 alike),
+** the 128-byte swizzle, zeros past the ends.  bt (the forward): w [V, red, n],
+** boxes of 64 produced x 64 reduced channels; else (dgrad) w [V, n, red],
+** boxes of 64 reduced x bn produced channels.  The caller checked what the
+** encoder requires: w 16-byte aligned, red and n multiples of 8 (row pitches
+** multiples of 16 bytes), bn <= 256.  Encoded once per host thread and key
+** (conv_wgmma_ws.cu: a layer's weight stays at one address); an error status
+** when the driver has no encoder or refuses. */
+tsp_status wg_weight_map(CUtensorMap *map, const tsp_os_launch &a, int bt, int bn);
+
+/* ------------------------------------------------ mbarrier and copies --- */
+
+static __device__ __forceinline__ void mb_init(uint64_t *bar, uint32_t count) {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(tsp_smem_addr(bar)), "r"(count)
+               : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+  (void)bar, (void)count;
+#endif
+}
+
+/* Spin until the phase with this parity has completed; the barrier at the
+** shared-memory address `addr` (tsp_smem_addr), or at bar. */
+static __device__ __forceinline__ void mb_wait_at(uint32_t addr, uint32_t parity) {
+#ifdef TSP_WGMMA_DEVICE
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (!done);
+#else
+  (void)addr, (void)parity;
+#endif
+}
+static __device__ __forceinline__ void mb_wait(uint64_t *bar, uint32_t parity) {
+  mb_wait_at(tsp_smem_addr(bar), parity);
+}
+
+static __device__ __forceinline__ void mb_arrive(uint64_t *bar) {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tsp_smem_addr(bar)) : "memory");
+#else
+  (void)bar;
+#endif
+}
+
+/* One arrival that also announces `bytes` of bulk copies completing on the
+** barrier at shared address addr, or at bar. */
+static __device__ __forceinline__ void mb_arrive_expect_tx_at(uint32_t addr, uint32_t bytes) {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+#else
+  (void)addr, (void)bytes;
+#endif
+}
+static __device__ __forceinline__ void mb_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+  mb_arrive_expect_tx_at(tsp_smem_addr(bar), bytes);
+}
+
+/* Arrive on bar once all of this thread's earlier cp.async have landed (the
+** arrival is one of those counted at init: .noinc). */
+static __device__ __forceinline__ void mb_arrive_cp_async(uint64_t *bar) {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(tsp_smem_addr(bar))
+               : "memory");
+#else
+  (void)bar;
+#endif
+}
+
+/* A 3-D tensor-map copy (TMA) of the box at (x, y, z), innermost first, into
+** shared memory (1024-byte aligned for the 128-byte swizzle), completing on
+** bar; elements past the tensor's ends arrive as zeros and count as bytes.
+** The _at form takes both shared-memory addresses (tsp_smem_addr). */
+static __device__ __forceinline__ void tma_load_3d_at(uint32_t dst, const CUtensorMap *map, int x, int y, int z,
+                                                      uint32_t bar) {
+#ifdef TSP_WGMMA_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"((uint64_t)map), "r"(x), "r"(y), "r"(z), "r"(bar)
+      : "memory");
+#else
+  (void)dst, (void)map, (void)x, (void)y, (void)z, (void)bar;
+#endif
+}
+static __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, int x, int y, int z,
+                                                   uint64_t *bar) {
+  tma_load_3d_at(tsp_smem_addr(dst), map, x, y, z, tsp_smem_addr(bar));
 }
 
 #endif /* TSP_CONV_WGMMA_UTIL_CUH */

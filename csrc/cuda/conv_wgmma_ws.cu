@@ -77,82 +77,6 @@
 
 #ifdef TSP_WGMMA /* the kernels exist in sm_90a builds only */
 
-/* ------------------------------------------------ mbarrier and copies --- */
-
-static __device__ __forceinline__ void mb_init(uint64_t *bar, uint32_t count) {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(tsp_smem_addr(bar)), "r"(count)
-               : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#else
-  (void)bar, (void)count;
-#endif
-}
-
-/* Spin until the phase with this parity has completed. */
-static __device__ __forceinline__ void mb_wait(uint64_t *bar, uint32_t parity) {
-#ifdef TSP_WGMMA_DEVICE
-  const uint32_t addr = tsp_smem_addr(bar);
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (!done);
-#else
-  (void)bar, (void)parity;
-#endif
-}
-
-static __device__ __forceinline__ void mb_arrive(uint64_t *bar) {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(tsp_smem_addr(bar)) : "memory");
-#else
-  (void)bar;
-#endif
-}
-
-/* One arrival that also announces `bytes` of bulk copies completing on bar. */
-static __device__ __forceinline__ void mb_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(tsp_smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-#else
-  (void)bar, (void)bytes;
-#endif
-}
-
-/* Arrive on bar once all of this thread's earlier cp.async have landed (the
-** arrival is one of those counted at init: .noinc). */
-static __device__ __forceinline__ void mb_arrive_cp_async(uint64_t *bar) {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(tsp_smem_addr(bar))
-               : "memory");
-#else
-  (void)bar;
-#endif
-}
-
-/* A 3-D tensor-map copy (TMA) of the box at (x, y, z), innermost first, into
-** shared memory (1024-byte aligned for the 128-byte swizzle), completing on
-** bar; elements past the tensor's ends arrive as zeros and count as bytes. */
-static __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, int x, int y, int z,
-                                                   uint64_t *bar) {
-#ifdef TSP_WGMMA_DEVICE
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(tsp_smem_addr(dst)),
-      "l"((uint64_t)map), "r"(x), "r"(y), "r"(z), "r"(tsp_smem_addr(bar))
-      : "memory");
-#else
-  (void)dst, (void)map, (void)x, (void)y, (void)z, (void)bar;
-#endif
-}
-
 /* ------------------------------------------------------------ kernel --- */
 
 enum { WS_BM = 128, WS_BK = 64, WS_CONSUMERS = 256, WS_STAGES = 4, WS_TILE_BAR = 1 };
@@ -162,7 +86,7 @@ enum { WS_SMEM_MAX = 232448 }; /* sm_90's dynamic shared memory per block */
 
 static int ws_pingpong(int tile) { return tile == WS_PINGPONG_TILE || tile == WS_PINGPONG_NARROW_TILE; }
 
-/* Columns per block for n produced channels, and so B's boxes (ws_weight_map):
+/* Columns per block for n produced channels, and so B's boxes (wg_weight_map):
 ** tiles 14 and 15 up to 256; the ping-pong tile 16 up to 128
 ** (two m64nBN accumulators per consumer thread), column tiles above; tile 17
 ** 64.  Why narrower tiles: a layer with fewer 128-row tiles than the GPU has
@@ -810,13 +734,9 @@ static void ws_map_remember(const void *w, const cuuint64_t dims[3], cuuint32_t 
   m->map = *map;
 }
 
-/* The tensor map B's copies read w through (the kernel's wmap): 16-bit
-** elements (fp16 and bf16 alike), the 128-byte swizzle, zeros past the ends.
-** Forward (bt): w [V, red, n], boxes of 64 produced x 64 reduced channels;
-** dgrad: w [V, n, red], boxes of 64 reduced x bn produced channels.  The
-** caller checked what the encoder requires: w 16-byte aligned, red and n
-** multiples of 8 (row pitches multiples of 16 bytes), bn <= 256. */
-static tsp_status ws_weight_map(CUtensorMap *map, const tsp_os_launch &a, int bt, int bn) {
+/* The tensor map of w that B's copies read (conv_wgmma_util.cuh): here, and
+** for conv_wgmma.cu's ring, whose w is the same [V, red, n] or [V, n, red]. */
+tsp_status wg_weight_map(CUtensorMap *map, const tsp_os_launch &a, int bt, int bn) {
   const cuuint64_t inner = (cuuint64_t)(bt ? a.n : a.red), outer = (cuuint64_t)(bt ? a.red : a.n);
   const cuuint64_t dims[3] = {inner, outer, (cuuint64_t)a.volume};
   const cuuint64_t pitches[2] = {inner * 2, inner * outer * 2}; /* bytes, dims 1 and 2 */
@@ -827,7 +747,7 @@ static tsp_status ws_weight_map(CUtensorMap *map, const tsp_os_launch &a, int bt
     return TSP_OK;
   }
   const ws_encode_fn encode = ws_encoder();
-  if (encode == NULL) return tsp_cuda_check(cudaErrorNotSupported, "tsp_conv_wgmma_ws: cuTensorMapEncodeTiled");
+  if (encode == NULL) return tsp_cuda_check(cudaErrorNotSupported, "wg_weight_map: cuTensorMapEncodeTiled");
   CUresult r = CUDA_SUCCESS;
   for (int attempt = 0; attempt < 2; ++attempt) {
     r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, (void *)a.w, dims, pitches, box, unit,
@@ -848,7 +768,7 @@ static tsp_status ws_weight_map(CUtensorMap *map, const tsp_os_launch &a, int bt
     return TSP_OK;
   }
   char where[128];
-  snprintf(where, sizeof where, "tsp_conv_wgmma_ws: the tensor map of w (cuTensorMapEncodeTiled returned %d)", (int)r);
+  snprintf(where, sizeof where, "wg_weight_map: the tensor map of w (cuTensorMapEncodeTiled returned %d)", (int)r);
   return tsp_cuda_check(cudaErrorInvalidValue, where);
 }
 
@@ -875,7 +795,7 @@ static tsp_status launch_ws(const tsp_os_launch &a) {
   const int counted = ws_counted(tiles, PP, per_wave);
   if (counted && a.tile_counter == NULL) return TSP_ERR_ARGUMENT;
   CUtensorMap wmap;
-  s = ws_weight_map(&wmap, a, BT, BN);
+  s = wg_weight_map(&wmap, a, BT, BN);
   if (s != TSP_OK) return s;
   if (counted && !a.counter_clean) { /* a workspace counter: the only launch spent on it */
     s = tsp_cuda_check(cudaMemsetAsync(a.tile_counter, 0, 2 * sizeof(int32_t), a.stream),
