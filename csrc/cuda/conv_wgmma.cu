@@ -378,6 +378,12 @@ static __device__ __forceinline__ void
     tsp_cp_async_commit();
   }
 
+  /* RING: the barrier and parity of the step computed next, carried through the loop: worked out
+  ** from the step instead, ptxas rebuilt the barrier's address each step (the step loop 227 -> 218
+  ** SASS instructions; main kernel us, three processes each way alternating: down2 C = 64 fwd /
+  ** dgrad 13.1 / 15.3 -> 12.8 / 15.0, up2 15.1 / 13.1 -> 14.8 / 12.8, subm and down3 C = 64
+  ** within 0.1; .peers/s68 call 5) */
+  uint32_t wait_bar = bar_sm0, wait_par = 0u;
   for (int step = 0; step < steps; ++step) {
     tsp_cp_async_wait<AHEAD - 1>();
     proxy_fence();
@@ -405,7 +411,13 @@ static __device__ __forceinline__ void
     const int stage = step % STAGES;
     /* RING: B landed.  Every thread waits, its warpgroup's rows used or not, so that no copy is in
     ** flight at the epilogue (whose staged stores reuse the stages) */
-    if constexpr (RING) mb_wait_at(bar_sm0 + 8 * (uint32_t)stage, (uint32_t)(step / STAGES) & 1u);
+    if constexpr (RING) {
+      mb_wait_at(wait_bar, wait_par);
+      /* bar_sm0 is 16-byte aligned (the stages are 1024-byte aligned, the ring's bytes a multiple of
+      ** 16), so bit 3 names the stage: after stage 1's barrier the next lap waits on the other parity */
+      wait_par ^= (wait_bar >> 3) & 1u;
+      wait_bar ^= 8u;
+    }
     const uint32_t oldest = tsp_ahead_next(ahead, loaded);
     const uint32_t groups = LEAN ? oldest : s_groups[s_list[comp_li]];
     comp_c0 += BK;
