@@ -564,8 +564,10 @@ __global__ void __launch_bounds__(WG_THREADS, MW == 1 && SW && BN <= 64 ? 4 : 1)
 ** -> 27.5 / 26.8 / 27.4; down2 fwd 13.3 / 13.1 / 13.0 -> 13.1 / 12.7 / 12.8,
 ** dgrad 15.1 / 15.0 / 14.8 -> 15.3 / 15.0 / 15.2; up2 fwd within 0.1, dgrad
 ** 13.1 / 13.0 / 12.9 -> 12.8 / 12.5 / 12.7; sums bitwise equal.  The step loop
-** stayed at ~200 SASS instructions a thread (the barrier's address and
-** parity cost most of what B's addresses did); 64 -> 62 registers.
+** went 200 -> 227 SASS instructions, ~25 of them thread 0's copy, so ~200 for
+** the other threads: the barrier's address and parity cost most of what B's
+** addresses had (218 with them carried through the loop, wgmma_os_tile);
+** 64 -> 62 registers.
 ** Session 60 (H200, lidar_198k, fp16, main kernel us from CUDA graph
 ** replays, two rounds in one call, .peers/s60 call 3): the ring went from two
 ** columns (one copied every step, a step ahead) to 12, and its step loop
