@@ -633,30 +633,28 @@ template <typename T, int MW, int BN, int BK, int STAGES, bool PIPE = false, boo
           bool BT = false, bool RING = false, bool PACK = false>
 static tsp_status launch_wgmma(const tsp_os_launch &a) {
   const size_t smem = wg_smem_bytes<MW, BN, BK, STAGES, SW, RING>((int)a.volume);
-  static uint64_t smem_raised = 0;
-  if constexpr (RING) { /* n <= 64, one column tile, no split (dispatch_swizzled) */
-    CUtensorMap wmap;
+  CUtensorMap wmap; /* RING: w's, which its B copies read */
+  if constexpr (RING) /* n <= 64, one column tile, no split (dispatch_swizzled) */
     if (wg_weight_map(&wmap, a, BT, 64) != TSP_OK) /* no encoder: tile 13, whose B is every thread's cp.async */
       return launch_wgmma<T, MW, BN, BK, STAGES, PIPE, SW, BT, false, PACK>(a);
-    tsp_status s = tsp_raise_smem_limit((const void *)wgmma_ring_kernel<T, BT>, smem, &smem_raised, "tsp_conv_wgmma_os");
-    if (s != TSP_OK) return s;
-    const int64_t tiles = (a.tile_rows + 127) / 128;
-    if (tiles > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-    wgmma_ring_kernel<T, BT><<<(unsigned)tiles, WG_THREADS, smem, a.stream>>>(
-        (const T *)a.src, a.src_rows, wmap, a.rows, a.tile_rows, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out,
-        a.accum, a.mode, a.steps);
-    return tsp_cuda_check_launch("tsp_conv_wgmma_os");
-  }
-  auto kernel = wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT, PACK>;
-  tsp_status s = tsp_raise_smem_limit((const void *)kernel, smem, &smem_raised, "tsp_conv_wgmma_os");
+  static uint64_t smem_raised = 0;
+  const void *kernel = RING ? (const void *)wgmma_ring_kernel<T, BT>
+                            : (const void *)wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT, PACK>;
+  tsp_status s = tsp_raise_smem_limit(kernel, smem, &smem_raised, "tsp_conv_wgmma_os");
   if (s != TSP_OK) return s;
   const int64_t tiles = ((a.tile_rows + 128 * MW - 1) / (128 * MW)) * ((a.n + BN - 1) / BN);
   const int splits = a.splits > 1 ? a.splits : 1;
   if (tiles * splits > 0x7fffffffLL) return TSP_ERR_UNSUPPORTED;
-  kernel<<<(unsigned)(tiles * splits), WG_THREADS, smem, a.stream>>>(
-      (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, nullptr /* plan_map: conv_tile.cuh */, a.rows, a.tile_rows,
-      a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits,
-      MW == 1 ? a.steps : nullptr);
+  if constexpr (RING)
+    wgmma_ring_kernel<T, BT><<<(unsigned)tiles, WG_THREADS, smem, a.stream>>>(
+        (const T *)a.src, a.src_rows, wmap, a.rows, a.tile_rows, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out,
+        a.accum, a.mode, a.steps);
+  else
+    wgmma_os_kernel<T, MW, BN, BK, STAGES, PIPE, SW, BT, PACK><<<(unsigned)(tiles * splits), WG_THREADS, smem,
+                                                                a.stream>>>(
+        (const T *)a.src, a.src_rows, (const T *)a.w, a.map, a.order, nullptr /* plan_map: conv_tile.cuh */, a.rows,
+        a.tile_rows, a.offsets, (int)a.volume, (int)a.red, (int)a.n, (T *)a.out, a.accum, a.mode, splits,
+        MW == 1 ? a.steps : nullptr);
   return tsp_cuda_check_launch("tsp_conv_wgmma_os");
 }
 
