@@ -107,6 +107,32 @@ def test_bench_round_order_groups_phases_and_rotates():
     assert order(3) == order(0)
 
 
+def test_bench_floor_counts_a_row_index_per_pair():
+    """bench.make_layer's floor bytes: features in and out and the weights once, plus 4 bytes per
+    pair, the pairs counted here through the pure-PyTorch reference map on the real scan (not
+    the map bench.py built), and not the [N_out, V] map's empty slots: the submanifold map of
+    the scan has most of its 27 slots empty.  DESIGN.md section 7's worked case, a 32-channel
+    layer at 173k voxels with ~3.5 pairs a row, floors at ~8 us."""
+    _needs_scan()
+    from argparse import Namespace
+
+    from torchsp.geometry import kernel_offsets
+    from torchsp.reference import reference_kernel_map
+    bench = _load_tool("bench")
+    assert bench.compulsory_bytes(2, 10, 7, 3, 5, 27, 40) == 2 * (30 + 35 + 27 * 15) + 160
+    b = bench.compulsory_bytes(2, 173000, 173000, 32, 32, 27, int(3.5 * 173000))
+    assert 7.9 < b / bench.BANDWIDTH * 1e6 < 8.6, b
+    args = Namespace(data=bench.find_data(None), voxel_scale=8)
+    x, kw, w, km, sz, _ = bench.make_layer("subm3_c32", "subm", 3, 32, 32, 0.05, args, torch.device("cpu"),
+                                           torch.float32)
+    ref = reference_kernel_map(x.coords, x.coords, kernel_offsets((3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1)), 1)
+    pairs = int((ref >= 0).sum())
+    n = x.coords.shape[0]
+    assert 0 < pairs < 27 * n // 2  # most slots empty: the two counts differ
+    assert sz["pairs"] == pairs and sz["n_in"] == sz["n_out"] == n
+    assert sz["B"] == 4 * (n * 32 + n * 32 + 27 * 32 * 32) + 4 * pairs
+
+
 def test_bench_settle_runs_the_call_for_its_time():
     """bench.settle: the call runs back to back for about the time asked (at least once), not at
     all for 0 ms; --settle-ms reaches it and refuses a negative time."""

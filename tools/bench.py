@@ -31,8 +31,13 @@ the median of its rounds (the JSON keeps each round's):
            the columns above add the host's time to the kernels' whenever it is the longer;
            fwd host / fb host beside them: the host's time per call in that loop
 Floor of a phase: max(F / PEAK, B / 3.0 TB/s), F = 2 * pairs * Cin * Cout (x3 for fwd+bwd),
-B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * N_out * V (x3 for fwd+bwd), e = element size,
-pairs = nbmap entries >= 0, PEAK = 790 TFLOP/s (fp16/bf16) or 438 (fp32, tf32).
+B = e * (N_in*Cin + N_out*Cout + V*Cin*Cout) + 4 * pairs (x3 for fwd+bwd), e = element size,
+pairs = nbmap entries >= 0, PEAK = 790 TFLOP/s (fp16/bf16) or 438 (fp32, tf32).  The map's
+compulsory bytes are one int32 row index per pair (compulsory_bytes), not the [N_out, V] map's
+4 * N_out * V: a pass must learn which rows meet, not read every empty slot (the step-plan
+kernels read only the columns their tiles use).  This gives DESIGN.md section 7's 8-16 us for a
+32- or 64-channel submanifold layer at 173k voxels; bench.py until session 68 counted the whole
+map (13.6 and 21.1 us on lidar_198k at 0.05 m), and down2 C = 64's kernel ran below that floor.
 torchsp is reported per dataflow in --algos ("0" output-stationary mask-sorted, "0u" unsorted,
 "1" weight-stationary fetch-on-demand, "2:T" hybrid with L1 threshold T (default 2),
 "a,b,c,d" any [dataflow, tile, split, threshold] (e.g. 0,0,2,0 mask splits, 0,9,0,0 wgmma,
@@ -199,6 +204,34 @@ def timeit_pipelined(fn, iters, warmup, device):
     return s.elapsed_time(e) * 1e3 / iters, host
 
 
+def copy_rate(device, nbytes=1 << 30, iters=20):
+    """The device's copy rate, bytes/s: a device-to-device copy of `nbytes` (read and written,
+    so 2 * nbytes a copy), median of `iters`; None off CUDA or when the memory is not there.
+
+    Why: the floors keep DESIGN.md's H100 rate (3.0 TB/s), but the lent GPU has been an H200
+    (HBM3e) since session 56, so a memory-bound kernel can run below its floor there; the header
+    prints the rate measured so a reader can tell."""
+    if device.type != "cuda":
+        return None
+    try:
+        a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        b = torch.empty_like(a)
+    except torch.cuda.OutOfMemoryError:
+        return None
+    times = []
+    for i in range(iters + 3):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        torch.cuda.synchronize(device)
+        if i >= 3:
+            times.append(s.elapsed_time(e) * 1e-3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * nbytes / float(np.median(times))
+
+
 def settle(fn, ms, device):
     """Run fn back to back for about `ms` milliseconds of wall time (at least once when ms > 0),
     synchronizing every few calls and at the end, so the GPU is busy with fn for that long.
@@ -263,6 +296,15 @@ def rel_err(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def compulsory_bytes(e, n_in, n_out, cin, cout, volume, pairs):
+    """Bytes a conv pass must move at least (the floor's B): the input features [n_in, cin],
+    the output [n_out, cout] and the weights [volume, cin, cout] once each, `e` bytes an
+    element, and one int32 input row index per pair.  Not the map's 4 * n_out * volume: its
+    empty slots (-1) carry no pair, and a pass that skips them (the step plans do) need not
+    read them.  All ints; returns an int."""
+    return e * (n_in * cin + n_out * cout + volume * cin * cout) + 4 * pairs
+
+
 def make_layer(name, kind, K, cin, cout, vs, args, device, dtype):
     """Input SparseTensor, conv kwargs, weight, cached KernelMap, sizes, peer description."""
     import torchsp
@@ -293,7 +335,7 @@ def make_layer(name, kind, K, cin, cout, vs, args, device, dtype):
     n_in, n_out = x.coords.shape[0], out_coords.shape[0]
     e = torch.empty((), dtype=dtype).element_size()
     F = 2 * pairs * cin * cout
-    B = e * (n_in * cin + n_out * cout + V * cin * cout) + 4 * n_out * V
+    B = compulsory_bytes(e, n_in, n_out, cin, cout, V, pairs)
     peer_desc = dict(kind=kind, K=K, Cin=cin, Cout=cout, dtype=dtype, device=device, coords_in=x.coords,
                      coords_out=out_coords, t_in=t_in, weight=w)
     return x, kw, w, km, dict(n_in=n_in, n_out=n_out, V=V, pairs=pairs, F=F, B=B), peer_desc
@@ -380,11 +422,16 @@ def main():
            "autograd_single_thread": args.autograd_single_thread, "peers": probe}
     if args.autograd_single_thread:
         torch.autograd.set_multithreading_enabled(False)
+    rate = copy_rate(device)
+    env["copy_rate_tb_s"] = rate and rate / 1e12
     print(f"# bench: {env['device']}, torch {env['torch']}, {args.dtype}, median of {args.iters}, "
           f"{args.rounds} interleaved rounds, "
           f"{env['data']} (voxel sizes x{args.voxel_scale}), fwd+bwd "
           f"{'with .grad set to None before each call' if args.zero_grad else 'accumulating into .grad'}"
           f"{', backward on the calling thread' if args.autograd_single_thread else ''}")
+    if rate is not None:
+        print(f"# device copy rate {rate / 1e12:.2f} TB/s (read + write of 1 GiB); the floors take "
+              f"{BANDWIDTH / 1e12:.1f} TB/s and {PEAK[dtype] / 1e12:.0f} TFLOP/s (DESIGN.md section 7)")
     for p, v in probe.items():
         print(f"#   peer {p}: {v}")
     peak = PEAK[dtype]
