@@ -37,7 +37,8 @@ compulsory bytes are one int32 row index per pair (compulsory_bytes), not the [N
 4 * N_out * V: a pass must learn which rows meet, not read every empty slot (the step-plan
 kernels read only the columns their tiles use).  This gives DESIGN.md section 7's 8-16 us for a
 32- or 64-channel submanifold layer at 173k voxels; bench.py until session 68 counted the whole
-map (13.6 and 21.1 us on lidar_198k at 0.05 m), and down2 C = 64's kernel ran below that floor.
+map (lidar_198k at 0.05 m, subm C = 32 / 64: 13.6 / 21.1 us against 8.2 / 15.6 now).  The lent
+H200 copies at ~4.2 TB/s (the header's copy rate), so memory-bound kernels can beat these floors.
 torchsp is reported per dataflow in --algos ("0" output-stationary mask-sorted, "0u" unsorted,
 "1" weight-stationary fetch-on-demand, "2:T" hybrid with L1 threshold T (default 2),
 "a,b,c,d" any [dataflow, tile, split, threshold] (e.g. 0,0,2,0 mask splits, 0,9,0,0 wgmma,
