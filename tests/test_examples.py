@@ -133,6 +133,42 @@ def test_bench_floor_counts_a_row_index_per_pair():
     assert sz["B"] == 4 * (n * 32 + n * 32 + 27 * 32 * 32) + 4 * pairs
 
 
+def test_bench_whole_times_torchsp_beside_a_peer(monkeypatch, capsys):
+    """tools/bench_whole.py on CPU: a forward and a training-step row per batch with the peer's
+    time beside torchsp's.  No peer imports here, so a stand-in (a second torchsp MinkUNet behind
+    peer_nets' interface) takes its place: it must be called in the asked mode, its step must
+    reach backward (its parameters get gradients), its rounds must be its own.  An unknown peer
+    is reported, not fatal."""
+    _needs_scan()
+    bw = _load_tool("bench_whole")
+    import peer_nets  # tools/ is on sys.path once bench_whole is loaded
+
+    from torchsp import SparseTensor
+    from torchsp.models import MinkUNet
+    made, modes = [], []
+
+    def stand_in(in_channels, classes, mode, device, dtype):
+        net = MinkUNet(in_channels, classes, cr=0.5).to(device, dtype)
+        made.append(net)
+
+        def forward(feats, coords):
+            modes.append(mode)
+            return net(SparseTensor(feats, coords, check=False))
+        return peer_nets.PeerNet([net], lambda c: c.clone(), forward, f"stand-in, conv mode {mode}")
+    monkeypatch.setitem(peer_nets.NETS, "standin", stand_in)
+    rows = bw.main(["--device", "cpu", "--dtype", "float32", "--voxel-size", "1.0", "--batch", "1", "--rounds", "2",
+                    "--calls", "1", "--warmup", "0", "--peers", "standin:2", "nosuch"])
+    out = capsys.readouterr().out
+    assert "peer nosuch: unavailable: no whole-network adapter" in out and "stand-in, conv mode 2" in out
+    assert [(r["batch"], r["phase"]) for r in rows] == [(1, "fwd"), (1, "step")]
+    for r in rows:
+        assert r["torchsp_ms"] > 0 and r["standin:2_ms"] > 0
+        assert len(r["rounds"]["torchsp"]) == len(r["rounds"]["standin:2"]) == 2
+    assert modes and set(modes) == {2}
+    assert any(p.grad is not None for p in made[0].parameters())
+    assert "standin:2" in out.split("ratio")[0] and out.count("x\n") >= 2  # the table's ratio column
+
+
 def test_bench_settle_runs_the_call_for_its_time():
     """bench.settle: the call runs back to back for about the time asked (at least once), not at
     all for 0 ms; --settle-ms reaches it and refuses a negative time."""
