@@ -11,8 +11,8 @@ bench_whole.py compares times, not outputs.
 
 A PeerNet holds the module(s), `prepare(coords [N, 4] int32 (batch, x, y, z))` -> the peer's
 coordinates (once, outside the timed calls) and `forward(feats [N, C_in], prepared)` -> logits
-[N, classes], its rows in input order.  Raises peers.PeerUnavailable when the peer does not
-import.  Nothing here builds a peer (see .peers/README_peers.txt).
+[N', classes] on the peer's stride-1 rows (bench_whole.py reduces them to a loss, so their order
+is not checked).  Raises peers.PeerUnavailable when the peer does not import.  Nothing here builds a peer (see .peers/README_peers.txt).
 """
 
 import torch
@@ -39,7 +39,7 @@ def torchsparse_unet(in_channels, classes, mode, device, dtype):
     """TorchSparse++'s SparseResUNet42 with a Linear head, every conv in conv mode `mode` (0
     unsorted, 1 mask-sorted, 2 sorted with 3 mask splits: peers._torchsparse_config) through its
     global conv config, set at the start of each call.  `prepare` shifts the coordinates to be
-    non-negative (its hash takes non-negative ones); the output rows stay in input order."""
+    non-negative (its hash takes non-negative ones)."""
     try:
         import torchsparse
         import torchsparse.nn.functional as F
