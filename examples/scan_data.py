@@ -3,7 +3,8 @@
 load_scan() voxelises torchsp/data/lidar_198k.npz (float32 [198130, 3], metres),
 optionally cropped to a square around the sensor, and makes synthetic per-voxel
 labels (height bins of the voxel's mean z), so a segmentation network has
-something learnable without a labelled dataset.
+something learnable without a labelled dataset.  load_batch() stacks several shifted
+voxelisations of it into one batch (tools/bench_models.py, tools/bench_whole.py).
 """
 
 import torch
@@ -39,3 +40,12 @@ def load_scan(voxel_size=0.2, half_width=None, num_classes=5, device="cpu", batc
     labels = torch.bucketize(mean[:, 2].contiguous(), edges)
     coords[:, 0] = batch_index
     return feats.to(device), coords.to(device), labels.to(device)
+
+
+def load_batch(voxel_size, batch, device="cpu", dtype=torch.float32):
+    """A batch of `batch` voxelisations of the scan, as the benchmarks stack them: item i has
+    batch index i and its points shifted by 0.37 i metres in x, so each item's voxels differ.
+
+    Returns feats [N, 4] in `dtype` and coords int32 [N, 4] (batch, x, y, z), items in order."""
+    items = [load_scan(voxel_size, None, device=device, batch_index=i, shift=0.37 * i) for i in range(batch)]
+    return torch.cat([f for f, _, _ in items]).to(dtype), torch.cat([c for _, c, _ in items])

@@ -81,15 +81,12 @@ def main(argv=None):
     ap.add_argument("--no-search", action="store_true", help="per-layer tuning only (no end-to-end search)")
     ap.add_argument("--fixed", nargs="*", default=list(FIXED), help=f"subset of {list(FIXED)}")
     args = ap.parse_args(argv)
-    from scan_data import load_scan
+    from scan_data import load_batch
 
     os.environ["TORCHSP_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchsp_bench_models_")
     torchsp.tune.clear(memory_only=True)
     dtype = getattr(torch, args.dtype)
-    items = [load_scan(args.voxel_size, None, device=args.device, batch_index=i, shift=0.37 * i)
-             for i in range(args.batch)]
-    feats = torch.cat([f for f, _, _ in items]).to(dtype)
-    coords = torch.cat([c for _, c, _ in items])
+    feats, coords = load_batch(args.voxel_size, args.batch, args.device, dtype)
     index_coords = coords.clone()
     index_coords[:, 1:] -= index_coords[:, 1:].amin(0)
     print(f"# bench_models: {coords.shape[0]} voxels ({args.batch} scans) at {args.voxel_size} m, {args.device} "

@@ -6,7 +6,7 @@ training step, milliseconds per call.
 Why: tools/bench.py times one layer with its map cached; a user's step also builds every map,
 runs batch norms and ReLUs and pays the host's time for all of it.  This times what a training
 loop or an inference server sees, on the real scan (examples/scan_data.py), --batch B
-voxelisations of it a batch (item i shifted by 0.37 i metres in x, as tools/bench_models.py).
+voxelisations of it a batch (examples/scan_data.py load_batch, as tools/bench_models.py).
 
 Each call builds a new SparseTensor (every kernel map rebuilt, as a data loader gives them; no
 coordinate validation).  Forward: eval mode under torch.no_grad.  Step: train mode, every
@@ -77,7 +77,7 @@ def main(argv=None):
         sys.exit("bench_whole: CUDA is not available (use --device cpu for a smoke test)")
     import peer_nets
     from peers import PeerUnavailable
-    from scan_data import load_scan
+    from scan_data import load_batch
 
     os.environ.setdefault("TORCHSP_CACHE_DIR", tempfile.mkdtemp(prefix="torchsp_bench_whole_"))
     torch.manual_seed(0)
@@ -96,9 +96,7 @@ def main(argv=None):
         print(f"#   peer {p}: {net.note}")
     rows = []
     for b in args.batch:
-        items = [load_scan(args.voxel_size, None, device=device, batch_index=i, shift=0.37 * i) for i in range(b)]
-        feats = torch.cat([f for f, _, _ in items]).to(dtype)
-        coords = torch.cat([c for _, c, _ in items])
+        feats, coords = load_batch(args.voxel_size, b, device, dtype)
         libs = {"torchsp": (lambda: model(torchsp.SparseTensor(feats, coords, check=False)),
                             list(model.parameters()), model.train)}
         for p, net in peers.items():
