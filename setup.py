@@ -82,7 +82,8 @@ def _extension():
     with_cuda = _want_cuda()
     _write_build_info(with_cuda)
     sources = _rel([os.path.join(ROOT, "csrc", n) for n in ("ops.cpp", "eager.cpp", "autograd.cpp", "shim_cpu.cpp",
-                                                                 "batch_norm.cpp")])
+                                                                 "batch_norm.cpp", "eager_norm.cpp",
+                                                                 "shim_norm_cpu.cpp")])
     cxx = ["-O3", "-std=c++17", "-fopenmp"]
     kwargs = dict(
         name="torchsp._C",
@@ -91,7 +92,8 @@ def _extension():
         py_limited_api=False,
     )
     if with_cuda:
-        sources += _rel([os.path.join(ROOT, "csrc", "shim_cuda.cpp"), os.path.join(ROOT, "csrc", "shim_ggs.cpp")])
+        sources += _rel([os.path.join(ROOT, "csrc", "shim_cuda.cpp"), os.path.join(ROOT, "csrc", "shim_ggs.cpp"),
+                              os.path.join(ROOT, "csrc", "shim_norm_cuda.cpp")])
         sources += _rel(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
         nvcc = ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
         if _want_wgmma():

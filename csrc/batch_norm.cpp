@@ -1,6 +1,7 @@
 /*
 ** batch_norm.cpp: torchsp::batch_norm_train and batch_norm_train_backward for
-** CPU and CUDA, over ATen's native_batch_norm and its backward.
+** CPU, over ATen's native_batch_norm and its backward; on CUDA the same for
+** what torchsp's kernels do not take (shim_norm_cuda.cpp registers CUDA).
 **
 ** Why torchsp has batch-norm ops (torchsp/nn/_batch_norm.py tells more): in a
 ** compiled training graph, inductor lowers aten's batch norm to Triton
@@ -18,10 +19,13 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-namespace torchsp {
-namespace {
+#include "batch_norm.h"
 
-using OptTensor = c10::optional<at::Tensor>;
+namespace torchsp {
+
+using OptTensor = std::optional<at::Tensor>;
+
+namespace {
 
 /* dtype of the saved mean and invstd: float32 for fp16 / bf16 on CUDA (what
 ** ATen's CUDA kernel returns), the input's dtype on CPU (its CPU kernel keeps it). */
@@ -40,8 +44,10 @@ void check_x(const at::Tensor &x, const char *op) {
   TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": x must be floating point, got ", x.scalar_type());
 }
 
+}  // namespace
+
 /* (y [N, C], mean [C], invstd [C], new running_mean [C] or [0], new running_var [C] or [0]). */
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_train(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_train_aten(
     const at::Tensor &x, const OptTensor &weight, const OptTensor &bias, const OptTensor &running_mean,
     const OptTensor &running_var, double momentum, double eps) {
   const char *op = "torchsp.batch_norm_train";
@@ -66,11 +72,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
 }
 
 /* (grad_x [N, C], grad_weight [C], grad_bias [C]); an entry whose mask flag is false is empty ([0]). */
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_backward(const at::Tensor &grad, const at::Tensor &x,
-                                                                         const OptTensor &weight,
-                                                                         const at::Tensor &mean,
-                                                                         const at::Tensor &invstd, double eps,
-                                                                         std::array<bool, 3> mask) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_backward_aten(const at::Tensor &grad,
+                                                                              const at::Tensor &x,
+                                                                              const OptTensor &weight,
+                                                                              const at::Tensor &mean,
+                                                                              const at::Tensor &invstd, double eps,
+                                                                              std::array<bool, 3> mask) {
   const char *op = "torchsp.batch_norm_train_backward";
   check_x(x, op);
   TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must be ", x.sizes(), ", got ", grad.sizes());
@@ -89,16 +96,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_train_backward(const a
   return {or_empty(mask[0], gx), or_empty(mask[1], gw), or_empty(mask[2], gb)};  // three tensors: no aliases
 }
 
-}  // namespace
-
 TORCH_LIBRARY_IMPL(torchsp, CPU, m) {
-  m.impl("batch_norm_train", &batch_norm_train);
-  m.impl("batch_norm_train_backward", &batch_norm_train_backward);
+  m.impl("batch_norm_train", &batch_norm_train_aten);
+  m.impl("batch_norm_train_backward", &batch_norm_train_backward_aten);
 }
 
-TORCH_LIBRARY_IMPL(torchsp, CUDA, m) {
-  m.impl("batch_norm_train", &batch_norm_train);
-  m.impl("batch_norm_train_backward", &batch_norm_train_backward);
-}
+// CUDA: shim_norm_cuda.cpp (torchsp's kernels, these for what they do not take).
 
 }  // namespace torchsp

@@ -24,6 +24,8 @@
 ** PairList: the class behind torchsp.plan's pair lists (pybind11: built once
 ** per map, off the per-call path).
 **
+** The batch-norm entries are eager_norm.cpp's.
+**
 ** torchsp.functional and torchsp._autograd call them on the eager path only;
 ** traced code calls torch.ops.torchsp.* (and conv_fwd's registered autograd)
 ** as before.
@@ -292,6 +294,8 @@ std::tuple<at::Tensor, at::Tensor> pair_list_get(PairList &self) {
   END_HANDLE_TH_ERRORS_PYBIND
 }
 
+void add_norm_entries(pybind11::module_ &m);  // eager_norm.cpp
+
 }  // namespace torchsp
 
 PYBIND11_MODULE(_C, m) {
@@ -315,6 +319,7 @@ PYBIND11_MODULE(_C, m) {
     if (f == nullptr) throw pybind11::error_already_set();
     m.add_object(e.ml_name, pybind11::reinterpret_steal<pybind11::object>(f));
   }
+  torchsp::add_norm_entries(m);
   pybind11::class_<torchsp::PairList, c10::intrusive_ptr<torchsp::PairList>>(
       m, "PairList",
       "PairList(nbmap, rows=False): the pair list of a kernel map direction (nbmap int32 [N, V]), with the "

@@ -42,4 +42,15 @@ TORCH_LIBRARY(torchsp, m) {
   m.def("batch_norm_train_backward(Tensor grad, Tensor x, Tensor? weight, Tensor mean, Tensor invstd, float eps, "
         "bool[3] mask) -> (Tensor, Tensor, Tensor)",
         tags);
+  // Fused batch norm (+ ReLU) for eager calls (torchsp.h tsp_bn_*, shim_norm_*.cpp, eager_norm.cpp).  The
+  // statistics update the running ones in place, as nn.BatchNorm1d does; traced code keeps the ops above.
+  m.def("batch_norm_stats(Tensor x, Tensor(a!)? running_mean, Tensor(b!)? running_var, "
+        "Tensor(c!)? num_batches_tracked, float momentum, float eps) -> (Tensor, Tensor)",
+        tags);
+  m.def("batch_norm_act(Tensor x, Tensor mean, Tensor spread, Tensor? weight, Tensor? bias, Tensor? residual, "
+        "float eps, bool spread_is_var, bool relu) -> Tensor",
+        tags);
+  m.def("batch_norm_act_backward(Tensor grad, Tensor x, Tensor mean, Tensor invstd, Tensor? weight, Tensor? bias, "
+        "Tensor? residual, bool relu, bool[4] mask) -> (Tensor, Tensor, Tensor, Tensor)",
+        tags);
 }

@@ -1,7 +1,7 @@
 /*
 ** py_args.h: the argument readers of eager.cpp's CPython entries
 ** (METH_FASTCALL functions): a tensor, an optional tensor, a list of ints, a
-** bool, each checked as it is read, with a TypeError that names the entry and
+** bool, a float, each checked as it is read, with a TypeError that names the entry and
 ** the argument.
 **
 ** Why not pybind11's casters: they build a caster object per argument (torch's
@@ -95,6 +95,16 @@ inline bool py_bool(PyObject *o, const char *fn, const char *name, bool *out) {
     return true;
   }
   PyErr_Format(PyExc_TypeError, "%s: %s must be a bool, got %s", fn, name, Py_TYPE(o)->tp_name);
+  return false;
+}
+
+/* *out = the Python float or int `o` (a bool is refused, as an accident). */
+inline bool py_double(PyObject *o, const char *fn, const char *name, double *out) {
+  if ((PyFloat_Check(o) || PyLong_Check(o)) && !PyBool_Check(o)) {
+    *out = PyFloat_AsDouble(o);
+    return !(*out == -1.0 && PyErr_Occurred());
+  }
+  PyErr_Format(PyExc_TypeError, "%s: %s must be a float, got %s", fn, name, Py_TYPE(o)->tp_name);
   return false;
 }
 

@@ -544,6 +544,84 @@ tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, cons
                                const int32_t *nbmap, void *dw, void *workspace,
                                size_t workspace_bytes, tsp_cuda_stream stream);
 
+
+/* Batch normalisation of features [N, C] over their N rows, optionally with
+** the ReLU after it fused in (csrc/cpu/batch_norm_act.c, csrc/cuda/batch_norm_act.cu).
+** Why: torch's BatchNorm1d on a sparse tensor's [N, C] features and the ReLU
+** after it take 13 passes over the features per training step, at a fraction
+** of the copy rate (README, session 69: a quarter of a MinkUNet step's
+** kernels); these passes take 8 (statistics 1, normalise 2, gradient sums 2,
+** gradient 3), each at close to the copy rate.
+**
+** Statistics: per channel, sums of (x - K) and (x - K)^2 with K = x[0, c]
+** (shifted data, so var = E[(x-K)^2] - E[x-K]^2 does not cancel when the
+** mean is far from 0), fp32 per thread (fp64 for float64 data), fp64 across
+** blocks, in a fixed order: results are bitwise the same run to run.
+** Normalisation: y = (x - mean) * (w * invstd) + b, in fp32 (fp64), one
+** rounding; relu: y = max(y, 0).  The backward recomputes that pre-ReLU value
+** from x with the same operations, so it needs neither y nor a mask. */
+typedef struct {
+  int64_t n;             /* rows, >= 0 (training statistics need >= 1) */
+  int64_t c;             /* channels, >= 1 */
+  tsp_dtype dtype;       /* of x, y, dy and dx; CUDA: float32, float16, bfloat16 */
+  tsp_dtype param_dtype; /* of weight, bias, the running statistics and their
+                            gradients: dtype or TSP_FLOAT32 (CPU: dtype) */
+  int relu;              /* nonzero: y = max(bn(x), 0), and its gradient */
+} tsp_bn_problem;
+
+/* The per-channel vectors of one normalisation.  mean and spread are float32
+** (float64 for float64 data) batch statistics, mean and invstd, when
+** spread_is_var == 0; with spread_is_var they are the running mean and
+** variance, in param_dtype, and invstd = 1 / sqrt(var + eps) (eval).  weight
+** and bias may be NULL (1 and 0), else param_dtype. */
+typedef struct {
+  const void *mean, *spread;
+  int spread_is_var;
+  double eps;
+  const void *weight, *bias;
+} tsp_bn_affine;
+
+/* Training statistics, all [C]: mean and invstd (float32, float64 for
+** float64 data; biased variance, as torch).  running_mean and running_var
+** (param_dtype, both or neither) become (1 - momentum) r + momentum s with
+** the unbiased variance (n >= 2 then); batches, when not NULL, is incremented
+** (nn.BatchNorm1d's num_batches_tracked, int64).  n >= 1. */
+typedef struct {
+  void *mean, *invstd;
+  void *running_mean, *running_var;
+  int64_t *batches;
+  double momentum, eps;
+} tsp_bn_stats;
+
+/* Gradients, each NULL when not wanted: dx [N, C] (dtype), dweight = sum over
+** rows of dyr * xhat and dbias = sum of dyr ([C], param_dtype), dresidual =
+** dyr [N, C] (dtype; with a residual and relu only: without relu it is dy),
+** where xhat = (x - mean) * invstd and dyr = dy, with relu dy where the
+** forward's pre-ReLU value (rounded to dtype, as y was) is > 0. */
+typedef struct {
+  void *dx, *dweight, *dbias, *dresidual;
+} tsp_bn_grads;
+
+/* residual: NULL, or r [N, C] (dtype) added before the ReLU: y = relu?(bn(x) + r),
+** the residual block's tail in one pass (forward and backward take the same r). */
+tsp_status tsp_bn_stats_cpu(const tsp_bn_problem *p, const void *x, const tsp_bn_stats *s);
+tsp_status tsp_bn_forward_cpu(const tsp_bn_problem *p, const void *x, const void *residual,
+                              const tsp_bn_affine *a, void *y);
+/* a: the batch statistics (spread_is_var == 0). */
+tsp_status tsp_bn_backward_cpu(const tsp_bn_problem *p, const void *dy, const void *x,
+                               const void *residual, const tsp_bn_affine *a, const tsp_bn_grads *g);
+
+/* CUDA: the shim allocates workspace_bytes (float partials of each block). */
+size_t tsp_bn_cuda_workspace(const tsp_bn_problem *p);
+tsp_status tsp_bn_stats_cuda(const tsp_bn_problem *p, const void *x, const tsp_bn_stats *s,
+                             void *workspace, size_t workspace_bytes, tsp_cuda_stream stream);
+tsp_status tsp_bn_forward_cuda(const tsp_bn_problem *p, const void *x, const void *residual,
+                               const tsp_bn_affine *a, void *y, tsp_cuda_stream stream);
+tsp_status tsp_bn_backward_cuda(const tsp_bn_problem *p, const void *dy, const void *x,
+                                const void *residual, const tsp_bn_affine *a,
+                                const tsp_bn_grads *g, void *workspace, size_t workspace_bytes,
+                                tsp_cuda_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -396,3 +396,27 @@ def test_map_pairs(kernel, stride):
         if nb.shape[1] <= 63:
             order = torchsp.kmap.mask_order(nb, 0b1010101)
             assert torch.equal(order.sort().values.cpu(), torch.arange(nb.shape[0], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dtype,c", [(torch.float16, 24), (torch.bfloat16, 5), (torch.float32, 40)])
+def test_fused_batch_norm(dtype, c):
+    """csrc/cuda/batch_norm_act.cu: statistics, normalisation + ReLU and backward (vector and scalar lanes,
+    float32 vectors beside half data) against the CPU kernels in float64."""
+    from torch import nn
+    g = torch.Generator().manual_seed(c)
+    x = torch.randn(333, c, generator=g, dtype=torch.float64) * 2 + 1
+    dy = torch.randn(333, c, generator=g, dtype=torch.float64)
+    outs = []
+    # the reference takes the values the GPU gets (rounded to dtype), in float64
+    x, dy = x.to(dtype).double(), dy.to(dtype).double()
+    for dev, dt in (("cpu", torch.float64), ("cuda", dtype)):
+        bn = nn.BatchNorm1d(c).to(dev)
+        if dev == "cpu":
+            bn = bn.double()
+        xg = x.to(dev, dt).detach().clone().requires_grad_()  # .to() is x itself for cpu/float64
+        y = torchsp.nn.norm._fused_batch_norm(bn, xg, True)
+        y.backward(dy.to(dev, dt))
+        torch.cuda.synchronize()
+        outs.append([t.detach().double().cpu() for t in (y, xg.grad, bn.weight.grad, bn.bias.grad, bn.running_var)])
+    for a, b in zip(*outs):
+        assert (a - b).abs().max() <= 0.05 * max(b.abs().max().item(), 1.0)

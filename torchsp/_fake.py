@@ -91,3 +91,23 @@ def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
 def _batch_norm_train_backward(grad, x, weight, mean, invstd, eps, mask):
     c = x.shape[1]
     return tuple(x.new_empty(s if m else (0,)) for s, m in zip(((x.shape[0], c), (c,), (c,)), mask))
+
+
+@torch.library.register_fake("torchsp::batch_norm_stats")
+def _batch_norm_stats(x, running_mean, running_var, num_batches_tracked, momentum, eps):
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.new_empty((x.shape[1],), dtype=dt), x.new_empty((x.shape[1],), dtype=dt)
+
+
+@torch.library.register_fake("torchsp::batch_norm_act")
+def _batch_norm_act(x, mean, spread, weight, bias, residual, eps, spread_is_var, relu):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("torchsp::batch_norm_act_backward")
+def _batch_norm_act_backward(grad, x, mean, invstd, weight, bias, residual, relu, mask):
+    """dweight and dbias in the vectors' dtype: weight's, else bias', else x's (csrc/shim_norm_*.cpp)."""
+    n, c = x.shape
+    pt = weight.dtype if weight is not None else bias.dtype if bias is not None else x.dtype
+    return (x.new_empty((n, c) if mask[0] else (0,)), x.new_empty((c,) if mask[1] else (0,), dtype=pt),
+            x.new_empty((c,) if mask[2] else (0,), dtype=pt), x.new_empty((n, c) if mask[3] else (0,)))

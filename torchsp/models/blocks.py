@@ -8,6 +8,7 @@ up to each library's conv and BatchNorm parameter names (see torchsp.convert).
 from torch import nn
 
 from .. import nn as spnn
+from ..nn.norm import bn_add_relu, bn_relu
 
 
 def conv_bn_relu(in_channels, out_channels, kernel_size, stride=1, padding=None, dilation=1,
@@ -69,6 +70,9 @@ class ResidualBlock(nn.Module):
         self.relu = spnn.ReLU(True)
 
     def forward(self, x):
+        # net's last BatchNorm, the add and the ReLU in one pass (torchsp.nn.Sequential.forward_add_relu)
+        if type(self.net) is spnn.Sequential:
+            return self.net.forward_add_relu(x, self.downsample(x), self.relu)
         return self.relu(spnn.add(self.net(x), self.downsample(x)))
 
 
@@ -89,6 +93,6 @@ class SparseBasicBlock(nn.Module):
         self.bn2 = spnn.BatchNorm(planes, eps=bn_eps, momentum=bn_momentum)
 
     def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(spnn.add(out, x))
+        # each BatchNorm with what follows it in one pass where torchsp.nn.norm.fuses_relu allows
+        out = bn_relu(self.bn1, self.relu, self.conv1(x))
+        return bn_add_relu(self.bn2, self.relu, self.conv2(out), x)

@@ -20,9 +20,66 @@ torchsp.nn._batch_norm (why: there).
 import torch
 from torch import nn
 
+from .. import _C
 from .._tracing import compiling
 from ._batch_norm import batch_norm_traced
-from ._util import NUM_BATCH_SLOTS, check_sparse
+from ._util import NUM_BATCH_SLOTS, check_same_coords, check_sparse
+from .activation import ReLU
+
+
+_hooks = nn.modules.module
+_FUSED_CUDA = (torch.float16, torch.bfloat16, torch.float32)
+_RELUS = (ReLU, nn.ReLU)
+
+
+def _fusable(bn, x):
+    """True when `bn` (an nn.BatchNorm1d child) on feats x runs torchsp's fused kernels
+    (torchsp._C.batch_norm_train / batch_norm_eval; csrc/eager_norm.cpp): an eager call on a plain
+    CUDA tensor, an exact nn.BatchNorm1d without hooks (SyncBatchNorm and subclasses keep their own
+    forward), a dtype the kernels take, and per-channel vectors all of one dtype, x's or float32.
+    CPU tensors keep torch's kernels: the C kernels behind the ops' CPU implementation (float64
+    arithmetic, one thread a chunk of rows) serve as their reference and took 0.5-6x torch's
+    time on a 2-core host (tools/bench_norm.py --device cpu, 7560 rows, C = 8 and 32)."""
+    if type(bn) is not nn.BatchNorm1d or type(x) is not torch.Tensor or _functorch_active():
+        return False
+    if bn._forward_hooks or bn._forward_pre_hooks or _hooks._global_forward_hooks or _hooks._global_forward_pre_hooks:
+        return False
+    if x.device.type != "cuda" or x.dtype not in _FUSED_CUDA:
+        return False
+    dts = {t.dtype for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var) if t is not None}
+    return len(dts) <= 1 and dts <= {x.dtype, torch.float32}
+
+
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def _fused_batch_norm(bn, x, relu, residual=None):
+    """relu?(bn(x) + residual) through torchsp's fused kernels, bn(x) as nn.BatchNorm1d.forward
+    computes it (its momentum, num_batches_tracked and running-statistics rules), or None where
+    that path does not apply: eval with running statistics while a gradient is wanted (the eval
+    kernel has no backward).  x [N, C], residual None or [N, C] of x's dtype -> [N, C], x's dtype."""
+    training = bn.training or (bn.running_mean is None and bn.running_var is None)
+    if not training:
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (x, bn.weight, bn.bias, residual)):
+            return None
+        return _C.batch_norm_eval(x, bn.weight, bn.bias, residual, bn.running_mean, bn.running_var, float(bn.eps),
+                                  relu)
+    if x.shape[0] == 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
+    track = bn.training and bn.track_running_stats
+    factor = 0.0 if bn.momentum is None else float(bn.momentum)
+    batches = None
+    if track and bn.num_batches_tracked is not None:
+        if bn.momentum is None:  # cumulative average: the factor needs the count on the host (a sync, as torch's)
+            bn.num_batches_tracked.add_(1)
+            factor = 1.0 / float(bn.num_batches_tracked)
+        else:
+            batches = bn.num_batches_tracked  # incremented by the statistics kernel
+    stats = bn.training and bn.track_running_stats  # F.batch_norm's rule: running stats updated only then
+    rm = bn.running_mean if stats else None
+    rv = bn.running_var if stats else None
+    return _C.batch_norm_train(x, bn.weight, bn.bias, residual, rm, rv, batches, factor, float(bn.eps), relu)
 
 
 class BatchNorm(nn.Module):
@@ -33,6 +90,14 @@ class BatchNorm(nn.Module):
     Attributes:
         bn: the nn.BatchNorm1d (or, after convert_sync_batchnorm, nn.SyncBatchNorm) applied to feats.
     Shapes: input feats [N, C] -> output feats [N, C] (same dtype), same coordinates.
+
+    Eager CUDA calls run torchsp's fused kernels (csrc/cuda/batch_norm_act.cu): the statistics in
+    one pass over feats, the normalisation in one more, the backward in two, each close to the
+    copy rate, where torch's take several times their bytes' time; the results are bn(feats)'s
+    up to rounding (statistics in fp32 with fp64 across blocks).  forward_relu adds the ReLU
+    after the norm in the same passes; torchsp.nn.Sequential uses it for a BatchNorm followed
+    by a ReLU.  The bn child's own kernels run instead for CPU tensors, SyncBatchNorm, a bn with
+    hooks, float64, mixed per-channel dtypes, and eval-mode calls that need a gradient.
     """
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
@@ -43,15 +108,77 @@ class BatchNorm(nn.Module):
 
     def forward(self, input):
         check_sparse(input, "torchsp.nn.BatchNorm")
+        return input.replace(self._norm(input.feats, False))
+
+    def forward_relu(self, input):
+        """relu(self(input)) in the norm's passes where the fused kernels apply (else the two
+        in turn).  SparseTensor feats [N, C] -> feats [N, C], same coordinates."""
+        check_sparse(input, "torchsp.nn.BatchNorm")
+        return input.replace(self._norm(input.feats, True))
+
+    def forward_add_relu(self, input, residual):
+        """relu(self(input) + residual), a residual block's tail, in the norm's passes where the
+        fused kernels apply (else in turn, as relu(torchsp.nn.add(self(input), residual))).
+        input, residual: SparseTensors on the same coordinates, feats [N, C] of one dtype.
+        Returns feats [N, C] on input's coordinates."""
+        check_sparse(input, "torchsp.nn.BatchNorm")
+        check_sparse(residual, "torchsp.nn.BatchNorm (residual)")
+        check_same_coords(input, residual, "torchsp.nn.BatchNorm.forward_add_relu")
+        r = residual.feats
+        if r.shape != input.feats.shape or r.dtype != input.feats.dtype:
+            raise ValueError(f"torchsp.nn.BatchNorm.forward_add_relu: residual feats {tuple(r.shape)} {r.dtype} do "
+                             f"not match input feats {tuple(input.feats.shape)} {input.feats.dtype}")
+        return input.replace(self._norm(input.feats, True, r))
+
+    def _norm(self, feats, relu, residual=None):
         # Traced (dynamo, or any fake-tensor tracer on a symbolic row count, as non-strict export on
         # a torch whose export does not say it is compiling); SyncBatchNorm (no BatchNorm1d) and
         # subclasses with their own forward keep their path.  Not `type(bn) is nn.BatchNorm1d`:
         # torch 2.4's non-strict export calls submodules through subclasses of their own class.
         # The tracing test first: an eager call (the common one) then skips the module checks.
-        if ((compiling() or isinstance(input.feats.shape[0], torch.SymInt))
-                and isinstance(self.bn, nn.BatchNorm1d) and type(self.bn).forward is nn.BatchNorm1d.forward):
-            return input.replace(batch_norm_traced(self.bn, input.feats))
-        return input.replace(self.bn(input.feats))
+        if compiling() or isinstance(feats.shape[0], torch.SymInt):
+            if isinstance(self.bn, nn.BatchNorm1d) and type(self.bn).forward is nn.BatchNorm1d.forward:
+                y = batch_norm_traced(self.bn, feats)
+            else:
+                y = self.bn(feats)
+            return _add_relu(y, residual, relu)
+        if _fusable(self.bn, feats):
+            y = _fused_batch_norm(self.bn, feats, relu, residual)
+            if y is not None:
+                return y
+        return _add_relu(self.bn(feats), residual, relu)
+
+
+def _add_relu(y, residual, relu):
+    y = y + residual if residual is not None else y
+    return torch.relu(y) if relu else y
+
+
+def _hooked(m):
+    return bool(m._forward_hooks or m._forward_pre_hooks)
+
+
+def fuses_relu(norm, relu):
+    """True when relu(norm(x)) may run as norm.forward_relu(x) (or with a residual as
+    norm.forward_add_relu): `norm` is a torchsp BatchNorm and `relu` an exact ReLU (torchsp's or
+    torch's), neither has hooks, which calling forward_relu would skip, nor does any module
+    (global hooks)."""
+    return (type(norm) is BatchNorm and type(relu) in _RELUS and not _hooked(norm) and not _hooked(relu)
+            and not _hooks._global_forward_hooks and not _hooks._global_forward_pre_hooks)
+
+
+def bn_relu(norm, relu, x):
+    """relu(norm(x)) for SparseTensor x, fused where fuses_relu allows."""
+    return norm.forward_relu(x) if fuses_relu(norm, relu) else relu(norm(x))
+
+
+def bn_add_relu(norm, relu, x, residual):
+    """relu(torchsp.nn.add(norm(x), residual)) for SparseTensors on the same coordinates, fused where
+    fuses_relu allows."""
+    if fuses_relu(norm, relu):
+        return norm.forward_add_relu(x, residual)
+    from .combine import add
+    return relu(add(norm(x), residual))
 
 
 SparseBatchNorm = BatchNorm
