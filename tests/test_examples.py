@@ -169,6 +169,31 @@ def test_bench_whole_times_torchsp_beside_a_peer(monkeypatch, capsys):
     assert "standin:2" in out.split("ratio")[0] and out.count("x\n") >= 2  # the table's ratio column
 
 
+def test_bench_norm_times_the_fused_norm_beside_torchs(monkeypatch, capsys):
+    """tools/bench_norm.py on CPU, with the fused path let in there (on a CPU tensor BatchNorm keeps
+    torch's kernels): each phase's row times torchsp's call, which ran the fused kernels (train
+    entry for the training phases, eval entry for eval), beside torch's, and their outputs agree;
+    the floor counts 2 passes (5 for fwd+bwd) of N C elements."""
+    _needs_scan()
+    bn = _load_tool("bench_norm")
+    import torchsp
+    monkeypatch.setattr(torchsp.nn.norm, "_fusable", lambda b, x: True)
+    seen = []
+    for name in ("batch_norm_train", "batch_norm_eval"):
+        real = getattr(torchsp._C, name)
+        monkeypatch.setattr(torchsp._C, name, lambda *a, _r=real, _n=name: seen.append(_n) or _r(*a))
+    rows = bn.main(["--device", "cpu", "--dtype", "float32", "--voxel-size", "1.0", "--batch", "1", "--channels",
+                    "8", "--iters", "2", "--warmup", "0", "--rounds", "2", "--settle-ms", "0"])
+    assert [r["phase"] for r in rows] == ["train fwd", "train fb", "eval fwd"]
+    assert {"batch_norm_train", "batch_norm_eval"} <= set(seen)
+    for r in rows:
+        assert r["torch_us"] > 0 and r["torchsp_us"] > 0 and len(r["rounds"]["torchsp"]) == 2
+        assert r["err"] < 1e-5  # the C kernels (float64 arithmetic) against torch
+        passes = 5 if r["phase"] == "train fb" else 2
+        assert abs(r["floor_us"] - passes * r["n"] * 8 * 4 / 3.0e12 * 1e6) < 1e-9
+    assert "train fb" in capsys.readouterr().out
+
+
 def test_bench_settle_runs_the_call_for_its_time():
     """bench.settle: the call runs back to back for about the time asked (at least once), not at
     all for 0 ms; --settle-ms reaches it and refuses a negative time."""
