@@ -185,6 +185,12 @@ def test_residual_blocks_fuse_their_tails(device, monkeypatch):
             outs.append([y.detach(), fg.grad] + [p.grad for p in m.parameters()])
         assert len(calls) == 1
         calls.clear()
+        if isinstance(block, ResidualBlock):  # a hook on net: net's __call__ runs (unfused), the hook with it
+            seen = []
+            handle = block.net.register_forward_hook(lambda *a: seen.append(1))
+            block(torchsp.SparseTensor(f, coords))
+            handle.remove()
+            assert seen == [1] and calls == []
         tol = 2e-2 if dtype == torch.float16 else 1e-5
         for a, b in zip(*outs):
             assert (a.double() - b.double()).abs().max() <= tol * max(b.double().abs().max().item(), 1e-3)
@@ -255,6 +261,9 @@ def test_fused_batch_norm_empty_and_one_row(device):
     y.sum().backward()
     assert torch.equal(bn.running_mean, rm) and bn.num_batches_tracked.item() == 1
     assert torch.equal(bn.weight.grad, torch.zeros_like(bn.weight)) and x.grad.shape == (0, 8)
+    r = torch.empty(0, 8, device=device, requires_grad=True)  # a residual block's tail on no rows
+    torchsp.nn.norm._fused_batch_norm(bn, x, True, r).sum().backward()
+    assert r.grad.shape == (0, 8) and torch.equal(bn.bias.grad, torch.zeros_like(bn.bias))
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         torchsp.nn.norm._fused_batch_norm(bn, torch.randn(1, 8, device=device), False)
 

@@ -464,7 +464,7 @@ extern "C" tsp_status tsp_bn_backward_cuda(const tsp_bn_problem *p, const void *
   ** there, so dresidual is required then (the shim gives a scratch one when r needs no gradient). */
   const bool masked_copy = residual != NULL && p->relu;
   if (!bn_valid(p) || a->spread_is_var || workspace_bytes < tsp_bn_cuda_workspace(p) ||
-      masked_copy != (g->dresidual != NULL))
+      (p->n > 0 && masked_copy != (g->dresidual != NULL)))  /* no rows: empty tensors, NULL pointers */
     return TSP_ERR_ARGUMENT;
   float *part = static_cast<float *>(workspace);
   float *coef = part + (size_t)bn_partial_blocks() * 2 * (size_t)p->c;

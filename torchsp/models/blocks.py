@@ -8,7 +8,7 @@ up to each library's conv and BatchNorm parameter names (see torchsp.convert).
 from torch import nn
 
 from .. import nn as spnn
-from ..nn.norm import bn_add_relu, bn_relu
+from ..nn.norm import bn_add_relu, bn_relu, hook_free
 
 
 def conv_bn_relu(in_channels, out_channels, kernel_size, stride=1, padding=None, dilation=1,
@@ -70,8 +70,9 @@ class ResidualBlock(nn.Module):
         self.relu = spnn.ReLU(True)
 
     def forward(self, x):
-        # net's last BatchNorm, the add and the ReLU in one pass (torchsp.nn.Sequential.forward_add_relu)
-        if type(self.net) is spnn.Sequential:
+        # net's last BatchNorm, the add and the ReLU in one pass (torchsp.nn.Sequential.forward_add_relu,
+        # which skips net's __call__: not when that would skip hooks)
+        if type(self.net) is spnn.Sequential and hook_free(self.net):
             return self.net.forward_add_relu(x, self.downsample(x), self.relu)
         return self.relu(spnn.add(self.net(x), self.downsample(x)))
 

@@ -154,17 +154,18 @@ def _add_relu(y, residual, relu):
     return torch.relu(y) if relu else y
 
 
-def _hooked(m):
-    return bool(m._forward_hooks or m._forward_pre_hooks)
+def hook_free(*modules):
+    """True when none of `modules` has forward hooks and no global module hooks are set: then a
+    fused call may skip their __call__ (which would run the hooks)."""
+    return (not _hooks._global_forward_hooks and not _hooks._global_forward_pre_hooks
+            and not any(m._forward_hooks or m._forward_pre_hooks for m in modules))
 
 
 def fuses_relu(norm, relu):
     """True when relu(norm(x)) may run as norm.forward_relu(x) (or with a residual as
     norm.forward_add_relu): `norm` is a torchsp BatchNorm and `relu` an exact ReLU (torchsp's or
-    torch's), neither has hooks, which calling forward_relu would skip, nor does any module
-    (global hooks)."""
-    return (type(norm) is BatchNorm and type(relu) in _RELUS and not _hooked(norm) and not _hooked(relu)
-            and not _hooks._global_forward_hooks and not _hooks._global_forward_pre_hooks)
+    torch's), and hook_free(norm, relu)."""
+    return type(norm) is BatchNorm and type(relu) in _RELUS and hook_free(norm, relu)
 
 
 def bn_relu(norm, relu, x):
