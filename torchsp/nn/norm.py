@@ -39,15 +39,27 @@ def _fusable(bn, x):
     forward), a dtype the kernels take, and per-channel vectors all of one dtype, x's or float32.
     CPU tensors keep torch's kernels: the C kernels behind the ops' CPU implementation (float64
     arithmetic, one thread a chunk of rows) serve as their reference and took 0.5-6x torch's
-    time on a 2-core host (tools/bench_norm.py --device cpu, 7560 rows, C = 8 and 32)."""
-    if type(bn) is not nn.BatchNorm1d or type(x) is not torch.Tensor or _functorch_active():
+    time on a 2-core host (tools/bench_norm.py --device cpu, 7560 rows, C = 8 and 32).
+    The module's tensors are read from its _parameters and _buffers dicts: nn.Module.__getattr__
+    took ~1 us a name on a 2-core x86 host, ~5 us for the four here, on every norm call."""
+    if type(bn) is not nn.BatchNorm1d or type(x) is not torch.Tensor or not x.is_cuda:
+        return False
+    if x.dtype not in _FUSED_CUDA or _functorch_active():
         return False
     if bn._forward_hooks or bn._forward_pre_hooks or _hooks._global_forward_hooks or _hooks._global_forward_pre_hooks:
         return False
-    if x.device.type != "cuda" or x.dtype not in _FUSED_CUDA:
-        return False
-    dts = {t.dtype for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var) if t is not None}
-    return len(dts) <= 1 and dts <= {x.dtype, torch.float32}
+    p, s = bn._parameters, bn._buffers
+    first = None
+    for t in (p.get("weight"), p.get("bias"), s.get("running_mean"), s.get("running_var")):
+        if t is None:
+            continue
+        if first is None:
+            first = t.dtype
+            if first is not x.dtype and first is not torch.float32:
+                return False
+        elif t.dtype is not first:
+            return False
+    return True
 
 
 _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
@@ -58,28 +70,27 @@ def _fused_batch_norm(bn, x, relu, residual=None):
     computes it (its momentum, num_batches_tracked and running-statistics rules), or None where
     that path does not apply: eval with running statistics while a gradient is wanted (the eval
     kernel has no backward).  x [N, C], residual None or [N, C] of x's dtype -> [N, C], x's dtype."""
-    training = bn.training or (bn.running_mean is None and bn.running_var is None)
-    if not training:
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                           for t in (x, bn.weight, bn.bias, residual)):
+    p, s = bn._parameters, bn._buffers
+    w, b = p.get("weight"), p.get("bias")
+    rm, rv = s.get("running_mean"), s.get("running_var")
+    if not bn.training and rm is not None and rv is not None:  # eval: the running statistics
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, b, residual)):
             return None
-        return _C.batch_norm_eval(x, bn.weight, bn.bias, residual, bn.running_mean, bn.running_var, float(bn.eps),
-                                  relu)
+        return _C.batch_norm_eval(x, w, b, residual, rm, rv, float(bn.eps), relu)
     if x.shape[0] == 1:
         raise ValueError(f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}")
-    track = bn.training and bn.track_running_stats
+    # F.batch_norm's rules: the running statistics are updated in training with track_running_stats only
+    stats = bn.training and bn.track_running_stats
     factor = 0.0 if bn.momentum is None else float(bn.momentum)
-    batches = None
-    if track and bn.num_batches_tracked is not None:
-        if bn.momentum is None:  # cumulative average: the factor needs the count on the host (a sync, as torch's)
-            bn.num_batches_tracked.add_(1)
-            factor = 1.0 / float(bn.num_batches_tracked)
-        else:
-            batches = bn.num_batches_tracked  # incremented by the statistics kernel
-    stats = bn.training and bn.track_running_stats  # F.batch_norm's rule: running stats updated only then
-    rm = bn.running_mean if stats else None
-    rv = bn.running_var if stats else None
-    return _C.batch_norm_train(x, bn.weight, bn.bias, residual, rm, rv, batches, factor, float(bn.eps), relu)
+    batches = s.get("num_batches_tracked") if stats else None
+    if batches is not None and bn.momentum is None:
+        # cumulative average: the factor needs the count on the host (a sync, as torch's)
+        batches.add_(1)
+        factor = 1.0 / float(batches)
+        batches = None
+    # else the statistics kernel increments num_batches_tracked
+    return _C.batch_norm_train(x, w, b, residual, rm if stats else None, rv if stats else None, batches, factor,
+                               float(bn.eps), relu)
 
 
 class BatchNorm(nn.Module):
