@@ -73,4 +73,31 @@ inline void check_residual(const OptTensor &r, const at::Tensor &x, const char *
   check_same_device(*r, "residual", x, "x", op);
 }
 
+/* batch_norm_act's arguments; returns C. */
+inline int64_t check_act_args(const at::Tensor &x, const at::Tensor &mean, const at::Tensor &spread,
+                              const OptTensor &weight, const OptTensor &bias, const OptTensor &residual,
+                              bool spread_is_var, const char *op) {
+  const int64_t c = check_norm_x(x, op, "x");
+  check_norm_vector(mean, c, x, op, "mean");
+  check_norm_vector(spread, c, x, op, spread_is_var ? "running_var" : "invstd");
+  check_norm_vector(weight, c, x, op, "weight");
+  check_norm_vector(bias, c, x, op, "bias");
+  check_residual(residual, x, op);
+  return c;
+}
+
+/* batch_norm_act_backward's arguments (grad: x's shape, dtype and device); returns C. */
+inline int64_t check_act_backward_args(const at::Tensor &grad, const at::Tensor &x, const at::Tensor &mean,
+                                       const at::Tensor &invstd, const OptTensor &weight, const OptTensor &bias,
+                                       const OptTensor &residual, bool dresidual, const char *op) {
+  const int64_t c = check_act_args(x, mean, invstd, weight, bias, residual, false, op);
+  check_norm_x(grad, op, "grad");
+  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", x.sizes(), ", got ", grad.sizes());
+  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), op, ": grad dtype ", grad.scalar_type(), " does not match x's ",
+              x.scalar_type());
+  check_same_device(grad, "grad", x, "x", op);
+  TORCH_CHECK(!dresidual || given(residual), op, ": a residual gradient was asked for without a residual");
+  return c;
+}
+
 }  // namespace torchsp

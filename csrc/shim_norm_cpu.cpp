@@ -74,12 +74,7 @@ at::Tensor batch_norm_act_cpu(const at::Tensor &x, const at::Tensor &mean, const
                               const OptTensor &weight, const OptTensor &bias, const OptTensor &residual, double eps,
                               bool spread_is_var, bool relu) {
   const char *op = "torchsp.batch_norm_act";
-  const int64_t c = check_norm_x(x, op, "x");
-  check_norm_vector(mean, c, x, op, "mean");
-  check_norm_vector(spread, c, x, op, spread_is_var ? "running_var" : "invstd");
-  check_norm_vector(weight, c, x, op, "weight");
-  check_norm_vector(bias, c, x, op, "bias");
-  check_residual(residual, x, op);
+  check_act_args(x, mean, spread, weight, bias, residual, spread_is_var, op);
   const at::ScalarType dt = compute_dtype(x);
   const at::Tensor xc = in_dtype(x, dt), m = in_dtype(mean, dt), sp = in_dtype(spread, dt);
   const OptTensor w = in_dtype(weight, dt), b = in_dtype(bias, dt), r = in_dtype(residual, dt);
@@ -94,16 +89,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
     const at::Tensor &grad, const at::Tensor &x, const at::Tensor &mean, const at::Tensor &invstd,
     const OptTensor &weight, const OptTensor &bias, const OptTensor &residual, bool relu, std::array<bool, 4> mask) {
   const char *op = "torchsp.batch_norm_act_backward";
-  const int64_t c = check_norm_x(x, op, "x");
-  check_norm_x(grad, op, "grad");
-  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", x.sizes(), ", got ", grad.sizes());
-  check_same_device(grad, "grad", x, "x", op);
-  check_norm_vector(mean, c, x, op, "mean");
-  check_norm_vector(invstd, c, x, op, "invstd");
-  check_norm_vector(weight, c, x, op, "weight");
-  check_norm_vector(bias, c, x, op, "bias");
-  check_residual(residual, x, op);
-  TORCH_CHECK(!mask[3] || given(residual), op, ": a residual gradient was asked for without a residual");
+  const int64_t c = check_act_backward_args(grad, x, mean, invstd, weight, bias, residual, mask[3], op);
   const at::ScalarType dt = compute_dtype(x);
   const at::Tensor xc = in_dtype(x, dt), g = in_dtype(grad, dt), m = in_dtype(mean, dt), is = in_dtype(invstd, dt);
   const OptTensor w = in_dtype(weight, dt), b = in_dtype(bias, dt), r = in_dtype(residual, dt);

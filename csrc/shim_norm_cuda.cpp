@@ -107,12 +107,7 @@ at::Tensor batch_norm_act_cuda(const at::Tensor &x, const at::Tensor &mean, cons
   const char *op = "torchsp.batch_norm_act";
   TORCH_CHECK(x.is_cuda(), op, ": x is on ", x.device(), " but another argument is on CUDA");
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t c = check_norm_x(x, op, "x");
-  check_norm_vector(mean, c, x, op, "mean");
-  check_norm_vector(spread, c, x, op, spread_is_var ? "running_var" : "invstd");
-  check_norm_vector(weight, c, x, op, "weight");
-  check_norm_vector(bias, c, x, op, "bias");
-  check_residual(residual, x, op);
+  const int64_t c = check_act_args(x, mean, spread, weight, bias, residual, spread_is_var, op);
   tsp_bn_problem p;
   p.dtype = data_dtype(x, op);
   const OptTensor m(mean), sp(spread);
@@ -141,20 +136,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_act_backwa
   const char *op = "torchsp.batch_norm_act_backward";
   TORCH_CHECK(x.is_cuda(), op, ": x is on ", x.device(), " but another argument is on CUDA");
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t c = check_norm_x(x, op, "x");
-  check_norm_x(grad, op, "grad");
-  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad must have x's shape ", x.sizes(), ", got ", grad.sizes());
-  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), op, ": grad dtype ", grad.scalar_type(), " does not match x's ",
-              x.scalar_type());
-  check_same_device(grad, "grad", x, "x", op);
-  check_norm_vector(mean, c, x, op, "mean");
-  check_norm_vector(invstd, c, x, op, "invstd");
-  check_norm_vector(weight, c, x, op, "weight");
-  check_norm_vector(bias, c, x, op, "bias");
+  const int64_t c = check_act_backward_args(grad, x, mean, invstd, weight, bias, residual, mask[3], op);
   check_stat(mean, op, "mean");
   check_stat(invstd, op, "invstd");
-  check_residual(residual, x, op);
-  TORCH_CHECK(!mask[3] || given(residual), op, ": a residual gradient was asked for without a residual");
   tsp_bn_problem p;
   p.dtype = data_dtype(x, op);
   p.param_dtype = param_dtype(x, {{&weight, "weight"}, {&bias, "bias"}}, op);
