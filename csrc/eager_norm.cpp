@@ -21,6 +21,7 @@
 #include <torch/version.h>
 
 #include "py_args.h"
+#include "shim_norm.h"
 #include "typed_ops.h"
 
 namespace torchsp {
@@ -67,6 +68,13 @@ struct BatchNormActFunction : public torch::autograd::Function<BatchNormActFunct
                             const OptTensor &bias, const OptTensor &residual, const OptTensor &running_mean,
                             const OptTensor &running_var, const OptTensor &batches, double momentum, double eps,
                             bool relu) {
+    // The vectors batch_norm_act reads are checked before the statistics update the running ones:
+    // a bad weight must not leave the buffers changed.
+    const char *op = "torchsp._C.batch_norm_train";
+    const int64_t c = check_norm_x(x, op, "x");
+    check_norm_vector(weight, c, x, op, "weight");
+    check_norm_vector(bias, c, x, op, "bias");
+    check_residual(residual, x, op);
     at::Tensor mean, invstd, y;
     {
       at::AutoDispatchBelowADInplaceOrView below;

@@ -352,6 +352,23 @@ def _bad_cases(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fused_batch_norm_train_checks_before_updating(device):
+    """torchsp._C.batch_norm_train with a weight, bias or residual of the wrong shape raises before the
+    statistics pass: the running statistics and num_batches_tracked stay as they were."""
+    bn, _ = _pair(4, torch.float32, torch.float32, device, seed=11)
+    x, _ = _data(50, 4, torch.float32, device, seed=11)
+    rm, rv, nbt = bn.running_mean.clone(), bn.running_var.clone(), bn.num_batches_tracked.clone()
+    w, b = bn.weight.detach(), bn.bias.detach()
+    for args, match in (((w[:3], b, None), "weight must be \\[4\\]"), ((w, b[:2], None), "bias must be \\[4\\]"),
+                        ((w, b, x[:, :2]), "residual must have x's shape")):
+        with pytest.raises(RuntimeError, match=match):
+            torchsp._C.batch_norm_train(x, *args, bn.running_mean, bn.running_var, bn.num_batches_tracked, 0.1,
+                                        1e-5, True)
+    assert torch.equal(bn.running_mean, rm) and torch.equal(bn.running_var, rv)
+    assert torch.equal(bn.num_batches_tracked, nbt)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fused_batch_norm_rejects_bad_arguments(device):
     """Each op names the bad argument (shape, dtype, device, pairing of the running statistics, one row)."""
     for call, match in _bad_cases(device):
