@@ -21,10 +21,12 @@ import torch
 from torch import nn
 
 from .. import _C
+from .._autograd import _functorch_active
 from .._tracing import compiling
 from ._batch_norm import batch_norm_traced
 from ._util import NUM_BATCH_SLOTS, check_same_coords, check_sparse
 from .activation import ReLU
+from .combine import add
 
 
 _hooks = nn.modules.module
@@ -60,9 +62,6 @@ def _fusable(bn, x):
         elif t.dtype is not first:
             return False
     return True
-
-
-_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
 
 def _fused_batch_norm(bn, x, relu, residual=None):
@@ -189,7 +188,6 @@ def bn_add_relu(norm, relu, x, residual):
     fuses_relu allows."""
     if fuses_relu(norm, relu):
         return norm.forward_add_relu(x, residual)
-    from .combine import add
     return relu(add(norm(x), residual))
 
 
