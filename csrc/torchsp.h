@@ -144,9 +144,9 @@ enum { TSP_SPLIT_K_MAX = 16 };
 ** On float32, TSP_TILE_TF32 asks for tf32 tensor cores (mma.sync m16n8k8:
 ** operands rounded to tf32's 10-bit mantissa, unit roundoff 2^-11 instead of fp32's 2^-24, fp32
 ** accumulation) in whichever pass's algo carries it, forward, dgrad or wgrad, and
-** in every dataflow; shapes the tf32 kernels do not take (channel counts not
-** multiples of 4, misaligned operands, V > 64, pre-sm_80 devices) and every
-** other tile run the exact fp32 kernels.  Python picks it for float32 when
+** in every dataflow (channel counts not multiples of 4 on zero-padded copies,
+** cuda/conv.cu); shapes the tf32 kernels do not take (misaligned operands,
+** V > 64, pre-sm_80 devices) and every other tile run the exact fp32 kernels.  Python picks it for float32 when
 ** torch.backends.cuda.matmul.allow_tf32 is set (torchsp/functional.py). */
 enum { TSP_TILE_TF32 = 11, TSP_TILE_RING = 18 };
 

@@ -420,3 +420,31 @@ def test_fused_batch_norm(dtype, c):
         outs.append([t.detach().double().cpu() for t in (y, xg.grad, bn.weight.grad, bn.bias.grad, bn.running_var)])
     for a, b in zip(*outs):
         assert (a - b).abs().max() <= 0.05 * max(b.abs().max().item(), 1.0)
+
+
+@pytest.mark.parametrize("dtype,cin,cout,tile", [(torch.float16, 4, 32, 0), (torch.bfloat16, 5, 3, 0),
+                                                 (torch.float16, 4, 32, 13), (torch.float32, 3, 6, 11)])
+def test_padded_channels(dtype, cin, cout, tile):
+    """csrc/cuda/conv.cu's channel padding (conv_pad.cu's copies, then the tensor-core passes on
+    the images): forward, dgrad and wgrad of odd channel counts against the CPU kernels in float64;
+    tile 13 asks for the wgmma wgrad over pair pieces, 11 for tf32 (padded to multiples of 4)."""
+    coords = _coords(500, seed=cin * 7 + cout)
+    feats = torch.randn(coords.shape[0], cin, dtype=torch.float64)
+    w = torch.randn(27, cin, cout, dtype=torch.float64) / 6
+    km = torchsp.kmap.get_kernel_map(torchsp.SparseTensor(feats, coords), 3)[0]
+    g = torch.linspace(-1, 1, km.nbmap.shape[0] * cout, dtype=torch.float64).reshape(-1, cout)
+    z = [0, 0, 0, 0]
+    want = (torch.ops.torchsp.conv_fwd(feats, w, km.nbmap, km.nbmap_t, z, z, z, None, None, [], []),
+            torch.ops.torchsp.conv_dgrad(g, w, km.nbmap_t, z, None), torch.ops.torchsp.conv_wgrad(feats, g, km.nbmap, z))
+    x = torchsp.SparseTensor(feats.to("cuda", dtype), coords.cuda())
+    kg = torchsp.kmap.get_kernel_map(x, 3)[0]
+    a = [1 if tile == 13 else 0, tile, 0, 0]
+    pairs, starts = torchsp.plan.wgrad_pairs(kg, a, dtype, cin, cout)
+    wc, gc = w.to("cuda", dtype), g.to("cuda", dtype)
+    got = (torch.ops.torchsp.conv_fwd(x.feats, wc, kg.nbmap, kg.nbmap_t, a, a, a, kg.order, kg.order_t, [], []),
+           torch.ops.torchsp.conv_dgrad(gc, wc, kg.nbmap_t, a, kg.order_t, []),
+           torch.ops.torchsp.conv_wgrad(x.feats, gc, kg.nbmap, a, pairs, starts))
+    torch.cuda.synchronize()
+    for name, y, r in zip(("fwd", "dgrad", "wgrad"), got, want):
+        assert y.shape == r.shape, name
+        assert (y.double().cpu() - r).norm() / r.norm() < 2e-2, name

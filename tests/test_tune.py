@@ -531,3 +531,29 @@ def test_split_k_timed_only_for_few_tiles():
         d = torch.device("cuda", 0)
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         assert tune._few_tiles(sms * 128, d) and not tune._few_tiles(sms * 128 + 1, d)
+
+
+def test_measure_times_finite_stand_ins_and_keeps_the_rng(cache_dir, monkeypatch):
+    """The sweep's reference output of every pass is finite even where the real features would
+    overflow it (a stem's coordinates in metres, summed by wgrad over every row in float16, made
+    it inf, and _close then turned every other candidate away), and tuning leaves the caller's
+    random stream where it was."""
+    real = tune._tune_pass
+    refs = {}
+
+    def watched(pass_name, run, device, dtype, algos, setup_cost=None):
+        refs[pass_name] = run(algos[0])
+        return real(pass_name, run, device, dtype, algos, setup_cost)
+
+    monkeypatch.setattr(tune, "_tune_pass", watched)
+    x = _input(n=3000, c=4)
+    huge = x.replace(torch.full_like(x.feats, 6.0e4).half())  # every row at float16's edge
+    conv = torchsp.nn.SparseConv3d(4, 8, 3).half()
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    tune.tune(conv, (huge,), verbose=False, search=False)
+    assert torch.equal(torch.rand(3), before)
+    assert set(refs) == set(tune.PASSES)
+    for p, out in refs.items():
+        assert torch.isfinite(out).all(), p

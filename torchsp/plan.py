@@ -142,9 +142,11 @@ def wgrad_pair_list(kmap, algo, dtype, c_in, c_out):
     the op builds it).
     """
     nb = kmap.nbmap
-    if (not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or c_in % 8 or c_out % 8
-            or nb.shape[0] == 0 or tracing() or not wgmma_available(nb.device)):
+    if (not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or nb.shape[0] == 0 or tracing()
+            or not wgmma_available(nb.device)):
         return None
+    # Channel counts that are not multiples of 8 run zero-padded to them (csrc/cuda/conv.cu).
+    c_in, c_out = -(-c_in // 8) * 8, -(-c_out // 8) * 8
     pieces = ((algo[1] == 0 and min(c_in, c_out) >= WGRAD_PIECES_MIN_C)
               or (algo[0] == 1 and algo[1] in (12, 13, 15, RING_TILE)))
     return pair_list(kmap, "fwd") if pieces else None

@@ -25,9 +25,11 @@
 **     >= 8.0: tf32 tensor cores, fp32 accumulation (conv_tf32.cu for forward
 **     and dgrad, every dataflow; conv_wgrad.cu's kernel in tf32 for wgrad,
 **     whose own algo carries the tile);
-**   - everything else (float32 with any other tile: exact fp32; odd channels
-**     such as the 4-5 input channels of a LiDAR net, misaligned views):
-**     conv_simple.cu, correct for any shape.
+**   - fp16 / bf16 (tf32) channel counts that are not multiples of 8 (4),
+**     such as the 3-5 input channels of a LiDAR or RGB-D net's stem: the
+**     tensor-core passes above on zero-padded images (Channel padding below);
+**   - everything else (float32 with any other tile: exact fp32; misaligned
+**     views; V > 64; devices below sm_80): conv_simple.cu, correct for any shape.
 ** The dataflow of a tensor-core forward or dgrad is its list of segments
 ** (tsp_segment; torchsp/plan.py builds them: mask splits, weight-stationary,
 ** hybrid): one launch per segment, summed in an fp32 workspace, see
@@ -255,6 +257,72 @@ static int tf32_asked(tsp_dtype dtype, int tile) {
 
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
+/*
+** Channel padding.  The tensor-core kernels take channel counts in multiples
+** of 8 (fp16, bf16) or 4 (tf32).  A pass whose c_in or c_out is not one (a
+** stem's 3-5 input channels, a head's 19 classes) runs the padded problem
+** instead: the operands it reads copied into zero-padded images in the
+** workspace (x or dy to the padded width, w to [V, c_in', c_out']), its
+** output written to an image and cropped into the caller's tensor (wgrad:
+** dw's).  The sums are the unpadded problem's (conv_pad.cu says why, and
+** what it gained).  Exact float32, V > 64 and devices below sm_80 keep
+** conv_simple.cu: no tensor-core kernel takes them padded either.
+*/
+static int64_t pad_to(int64_t c, int m) { return (c + m - 1) / m * m; }
+
+/* The channel multiple the pass's tensor-core kernels need where p's channel
+** counts are not multiples of it; 0: no padding. */
+static int pad_multiple(const tsp_conv_problem *p) {
+  const int m = fast_dtype(p->dtype) ? 8 : tf32_asked(p->dtype, p->algo.tile) ? 4 : 0;
+  if (m == 0 || (p->c_in % m == 0 && p->c_out % m == 0)) return 0;
+  if (p->c_in <= 0 || p->c_out <= 0 || p->n_in <= 0 || p->n_out <= 0) return 0; /* nothing to pad */
+  if (p->volume > TSP_IGEMM_MAX_VOLUME || tsp_device_cc() < 80) return 0;
+  return m;
+}
+
+static tsp_conv_problem padded_problem(const tsp_conv_problem *p, int m) {
+  tsp_conv_problem q = *p;
+  q.c_in = pad_to(p->c_in, m);
+  q.c_out = pad_to(p->c_out, m);
+  return q;
+}
+
+/* The images of a padded pass, carved from the front of its workspace:
+** `in` [n_in, c_in'] (x, or dgrad's dx) where c_in is padded, else NULL;
+** `w` [V, c_in', c_out'] (wgrad: dw); `out` [n_out, c_out'] (y, or dgrad's
+** and wgrad's dy) where c_out is padded, else NULL; then the padded pass's
+** own workspace, `rest`. */
+typedef struct {
+  void *in, *w, *out;
+  void *rest;
+  size_t rest_bytes;
+} pad_images;
+
+static size_t pad_images_bytes(const tsp_conv_problem *p, const tsp_conv_problem *q) {
+  const size_t e = element_bytes(p->dtype);
+  return (q->c_in != p->c_in ? align256((size_t)(q->n_in * q->c_in) * e) : 0) +
+         align256((size_t)(q->volume * q->c_in * q->c_out) * e) +
+         (q->c_out != p->c_out ? align256((size_t)(q->n_out * q->c_out) * e) : 0);
+}
+
+static tsp_status carve_images(const tsp_conv_problem *p, const tsp_conv_problem *q, void *workspace,
+                               size_t workspace_bytes, pad_images *im) {
+  const size_t need = pad_images_bytes(p, q), e = element_bytes(p->dtype);
+  if (workspace == NULL || workspace_bytes < need) return TSP_ERR_ARGUMENT;
+  unsigned char *at = (unsigned char *)workspace;
+  im->in = im->out = NULL;
+  if (q->c_in != p->c_in) {
+    im->in = at;
+    at += align256((size_t)(q->n_in * q->c_in) * e);
+  }
+  im->w = at;
+  at += align256((size_t)(q->volume * q->c_in * q->c_out) * e);
+  if (q->c_out != p->c_out) im->out = at;
+  im->rest_bytes = workspace_bytes - need;
+  im->rest = im->rest_bytes > 0 ? (unsigned char *)workspace + need : NULL;
+  return TSP_OK;
+}
+
 /* Workspace of tiles 14-17: their tile counter, where the blocks read it
 ** (tsp_conv_wgmma_ws_counted over all the pass's rows: no segment has more;
 ** launch_ws zeroes it; a segmented pass's launches take turns with it, in stream
@@ -323,6 +391,11 @@ static size_t os_workspace(const tsp_conv_problem *p, int64_t rows, int64_t red,
 ** 0.05 m) and 7 MB per chunk at C = 256. */
 size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
+  const int m = pad_multiple(prob);
+  if (m) {
+    const tsp_conv_problem q = padded_problem(prob, m);
+    return pad_images_bytes(prob, &q) + tsp_conv_cuda_workspace(&q);
+  }
   size_t bytes = os_workspace(prob, prob->n_out, prob->c_in, prob->c_out, prob->segs, prob->n_segs);
   const size_t dgrad = os_workspace(prob, prob->n_in, prob->c_out, prob->c_in, prob->segs_t, prob->n_segs_t);
   return dgrad > bytes ? dgrad : bytes;
@@ -330,12 +403,22 @@ size_t tsp_conv_cuda_workspace(const tsp_conv_problem *prob) {
 
 int tsp_conv_cuda_counts(const tsp_conv_problem *prob, int dgrad) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
+  const int m = pad_multiple(prob);
+  if (m) {
+    const tsp_conv_problem q = padded_problem(prob, m);
+    return tsp_conv_cuda_counts(&q, dgrad);
+  }
   return dgrad ? os_counts(prob, prob->n_in, prob->c_out, prob->c_in)
                : os_counts(prob, prob->n_out, prob->c_in, prob->c_out);
 }
 
 size_t tsp_conv_cuda_wgrad_workspace(const tsp_conv_problem *prob) {
   if (check_problem(prob) != TSP_OK || prob->n_out == 0) return 0;
+  const int m = pad_multiple(prob);
+  if (m) {
+    const tsp_conv_problem q = padded_problem(prob, m);
+    return pad_images_bytes(prob, &q) + tsp_conv_cuda_wgrad_workspace(&q);
+  }
   size_t bytes = tsp_conv_cuda_workspace(prob);
   const int64_t chunks = tsp_wgrad_chunks(prob);
   if (chunks > 1) {
@@ -514,11 +597,43 @@ static const int32_t *pass_steps(const int32_t *order, int32_t form, int64_t row
   return ((uintptr_t)steps & 15) == 0 ? steps : NULL;
 }
 
+/* Forward (dgrad 0: src x, out y) or dgrad (src dy, out dx) of p on padded
+** images, `m` = pad_multiple(p) (Channel padding, above). */
+static tsp_status padded_os(const tsp_conv_problem *p, int m, int dgrad, const void *src, const void *w,
+                            const int32_t *map, void *out, void *workspace, size_t workspace_bytes,
+                            tsp_cuda_stream stream) {
+  const tsp_conv_problem q = padded_problem(p, m);
+  pad_images im;
+  tsp_status s = carve_images(p, &q, workspace, workspace_bytes, &im);
+  if (s != TSP_OK) return s;
+  cudaStream_t st = (cudaStream_t)stream;
+  const int e = (int)element_bytes(p->dtype);
+  /* The gathered operand's image is on the output side of the map for dgrad. */
+  void *src_img = dgrad ? im.out : im.in, *out_img = dgrad ? im.in : im.out;
+  const int64_t src_rows = dgrad ? p->n_out : p->n_in, out_rows = dgrad ? p->n_in : p->n_out;
+  const int64_t src_c = dgrad ? p->c_out : p->c_in, src_c2 = dgrad ? q.c_out : q.c_in;
+  const int64_t out_c = dgrad ? p->c_in : p->c_out, out_c2 = dgrad ? q.c_in : q.c_out;
+  if (src_img) {
+    s = tsp_conv_pad_copy(src, src_img, 1, src_rows, src_c, src_rows, src_c2, e, 0, st);
+    if (s != TSP_OK) return s;
+  }
+  s = tsp_conv_pad_copy(w, im.w, p->volume, p->c_in, p->c_out, q.c_in, q.c_out, e, 0, st);
+  if (s != TSP_OK) return s;
+  const void *src_q = src_img ? src_img : src;
+  void *out_q = out_img ? out_img : out;
+  s = dgrad ? tsp_conv_dgrad_cuda(&q, src_q, im.w, map, out_q, im.rest, im.rest_bytes, stream)
+            : tsp_conv_fwd_cuda(&q, src_q, im.w, map, out_q, im.rest, im.rest_bytes, stream);
+  if (s != TSP_OK || out_img == NULL) return s;
+  return tsp_conv_pad_copy(out_img, out, 1, out_rows, out_c, out_rows, out_c2, e, 1, st);
+}
+
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
                              const int32_t *nbmap, void *y, void *workspace,
                              size_t workspace_bytes, tsp_cuda_stream stream) {
   tsp_status s = check_problem(prob);
   if (s != TSP_OK) return s;
+  const int m = pad_multiple(prob);
+  if (m) return padded_os(prob, m, 0, x, w, nbmap, y, workspace, workspace_bytes, stream);
   const int segmented = prob->n_segs > 0;
   const tsp_os_launch a = {x, prob->n_in, w, nbmap,
                            segmented || prob->algo.threshold != -1 ? prob->order : NULL,
@@ -536,6 +651,8 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
                                size_t workspace_bytes, tsp_cuda_stream stream) {
   tsp_status s = check_problem(prob);
   if (s != TSP_OK) return s;
+  const int m = pad_multiple(prob);
+  if (m) return padded_os(prob, m, 1, dy, w, nbmap_t, dx, workspace, workspace_bytes, stream);
   const int segmented = prob->n_segs_t > 0;
   const tsp_os_launch a = {dy, prob->n_out, w, nbmap_t,
                            segmented || prob->algo.threshold != -1 ? prob->order_t : NULL,
@@ -549,6 +666,30 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
                            workspace, workspace_bytes);
 }
 
+/* wgrad of p on padded images (Channel padding, above): dw's image cropped into dw. */
+static tsp_status padded_wgrad(const tsp_conv_problem *p, int m, const void *x, const void *dy,
+                               const int32_t *nbmap, void *dw, void *workspace, size_t workspace_bytes,
+                               tsp_cuda_stream stream) {
+  const tsp_conv_problem q = padded_problem(p, m);
+  pad_images im;
+  tsp_status s = carve_images(p, &q, workspace, workspace_bytes, &im);
+  if (s != TSP_OK) return s;
+  cudaStream_t st = (cudaStream_t)stream;
+  const int e = (int)element_bytes(p->dtype);
+  if (im.in) {
+    s = tsp_conv_pad_copy(x, im.in, 1, p->n_in, p->c_in, p->n_in, q.c_in, e, 0, st);
+    if (s != TSP_OK) return s;
+  }
+  if (im.out) {
+    s = tsp_conv_pad_copy(dy, im.out, 1, p->n_out, p->c_out, p->n_out, q.c_out, e, 0, st);
+    if (s != TSP_OK) return s;
+  }
+  s = tsp_conv_wgrad_cuda(&q, im.in ? im.in : x, im.out ? im.out : dy, nbmap, im.w, im.rest, im.rest_bytes,
+                          stream);
+  if (s != TSP_OK) return s;
+  return tsp_conv_pad_copy(im.w, dw, p->volume, p->c_in, p->c_out, q.c_in, q.c_out, e, 1, st);
+}
+
 tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, const void *dy,
                                const int32_t *nbmap, void *dw, void *workspace,
                                size_t workspace_bytes, tsp_cuda_stream stream) {
@@ -560,6 +701,8 @@ tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, cons
   if (prob->n_out == 0 || prob->n_in == 0) /* no pair anywhere: dw = 0 */
     return tsp_cuda_check(cudaMemsetAsync(dw, 0, (size_t)count * element_bytes(prob->dtype), st),
                           "tsp_conv_wgrad: zero dw");
+  const int m = pad_multiple(prob);
+  if (m) return padded_wgrad(prob, m, x, dy, nbmap, dw, workspace, workspace_bytes, stream);
   if (workspace_bytes < tsp_conv_cuda_wgrad_workspace(prob)) return TSP_ERR_ARGUMENT;
   float *partials = (float *)workspace;
   if (fast_dtype(prob->dtype)) { /* unsupported tiles and shapes fall through to mma.sync */

@@ -170,6 +170,15 @@ tsp_status tsp_conv_simple_wgrad(const tsp_conv_problem *p, const void *x, const
 tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int64_t chunks,
                                     int64_t count, void *dw, cudaStream_t stream);
 
+/* conv_pad.cu, for conv.cu's padded passes: pad copies src [batch, rows, cols]
+** into dst [batch, rows_to, cols_to] with zeros around it (dst 16-byte
+** aligned, rows of whole 16-byte chunks); crop (crop != 0) copies src
+** [batch, rows_to, cols_to]'s top-left [rows, cols] of each matrix into dst
+** [batch, rows, cols].  elem_bytes 2 or 4, copied as bits. */
+tsp_status tsp_conv_pad_copy(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols,
+                             int64_t rows_to, int64_t cols_to, int elem_bytes, int crop,
+                             cudaStream_t stream);
+
 /* tile_pack.cu, for tile_steps.cu: the tile packing of `order` (torchsp.h,
 ** tsp_tile_pack_cpu's result) into out[0, n_rows), entries outside
 ** [0, n_rows) written -1, and -1 in out[n_rows, pad_to). */
