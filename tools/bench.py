@@ -3,6 +3,7 @@
 
 Layers (voxels of /work/shared/data/lidar_198k.npz, batch 1):
   subm3 C=32, C=64 at 0.05 m; subm3 C=128, C=256 at 0.1 m (submanifold 3x3x3, Cin = Cout)
+  stem3_c4: a LiDAR net's stem, subm 3x3x3 from 4 input channels to 32 at 0.05 m
   down2 / down3: stride-2 K=2 / K=3 (padding 1) downsampling, C=64 at 0.05 m and C=128 at 0.1 m
   up2: transposed K=2 stride 2 back to the stride-1 coordinates, same channels
   subm3_c128_small / subm3_c256_small: subm 3x3x3 at 0.4 m / 0.8 m (27.9k / 10.6k voxels,
@@ -80,6 +81,9 @@ DATA_CANDIDATES = [
 # name, kind, K, Cin, Cout, voxel size
 LAYERS = [
     ("subm3_c32", "subm", 3, 32, 32, 0.05),
+    # a LiDAR net's stem: 4 input channels (x, y, z, intensity) to 32, on zero-padded copies of
+    # the tensor-core passes since session 71 (csrc/cuda/conv.cu channel padding)
+    ("stem3_c4", "subm", 3, 4, 32, 0.05),
     ("subm3_c64", "subm", 3, 64, 64, 0.05),
     ("subm3_c128", "subm", 3, 128, 128, 0.1),
     ("subm3_c256", "subm", 3, 256, 256, 0.1),

@@ -613,18 +613,16 @@ static tsp_status padded_os(const tsp_conv_problem *p, int m, int dgrad, const v
   const int64_t src_rows = dgrad ? p->n_out : p->n_in, out_rows = dgrad ? p->n_in : p->n_out;
   const int64_t src_c = dgrad ? p->c_out : p->c_in, src_c2 = dgrad ? q.c_out : q.c_in;
   const int64_t out_c = dgrad ? p->c_in : p->c_out, out_c2 = dgrad ? q.c_in : q.c_out;
-  if (src_img) {
-    s = tsp_conv_pad_copy(src, src_img, 1, src_rows, src_c, src_rows, src_c2, e, 0, st);
-    if (s != TSP_OK) return s;
-  }
-  s = tsp_conv_pad_copy(w, im.w, p->volume, p->c_in, p->c_out, q.c_in, q.c_out, e, 0, st);
+  const tsp_pad_job jobs[2] = {{w, im.w, p->volume, p->c_in, p->c_out, q.c_in, q.c_out},
+                               {src, src_img, 1, src_rows, src_c, src_rows, src_c2}};
+  s = tsp_conv_pad_images(jobs, src_img ? 2 : 1, e, st);
   if (s != TSP_OK) return s;
   const void *src_q = src_img ? src_img : src;
   void *out_q = out_img ? out_img : out;
   s = dgrad ? tsp_conv_dgrad_cuda(&q, src_q, im.w, map, out_q, im.rest, im.rest_bytes, stream)
             : tsp_conv_fwd_cuda(&q, src_q, im.w, map, out_q, im.rest, im.rest_bytes, stream);
   if (s != TSP_OK || out_img == NULL) return s;
-  return tsp_conv_pad_copy(out_img, out, 1, out_rows, out_c, out_rows, out_c2, e, 1, st);
+  return tsp_conv_crop(out_img, out, 1, out_rows, out_c, out_rows, out_c2, e, st);
 }
 
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
@@ -676,18 +674,18 @@ static tsp_status padded_wgrad(const tsp_conv_problem *p, int m, const void *x, 
   if (s != TSP_OK) return s;
   cudaStream_t st = (cudaStream_t)stream;
   const int e = (int)element_bytes(p->dtype);
-  if (im.in) {
-    s = tsp_conv_pad_copy(x, im.in, 1, p->n_in, p->c_in, p->n_in, q.c_in, e, 0, st);
-    if (s != TSP_OK) return s;
-  }
-  if (im.out) {
-    s = tsp_conv_pad_copy(dy, im.out, 1, p->n_out, p->c_out, p->n_out, q.c_out, e, 0, st);
-    if (s != TSP_OK) return s;
-  }
+  tsp_pad_job jobs[2];
+  int n_jobs = 0;
+  const tsp_pad_job x_job = {x, im.in, 1, p->n_in, p->c_in, p->n_in, q.c_in};
+  const tsp_pad_job dy_job = {dy, im.out, 1, p->n_out, p->c_out, p->n_out, q.c_out};
+  if (im.in) jobs[n_jobs++] = x_job;
+  if (im.out) jobs[n_jobs++] = dy_job;
+  s = tsp_conv_pad_images(jobs, n_jobs, e, st);
+  if (s != TSP_OK) return s;
   s = tsp_conv_wgrad_cuda(&q, im.in ? im.in : x, im.out ? im.out : dy, nbmap, im.w, im.rest, im.rest_bytes,
                           stream);
   if (s != TSP_OK) return s;
-  return tsp_conv_pad_copy(im.w, dw, p->volume, p->c_in, p->c_out, q.c_in, q.c_out, e, 1, st);
+  return tsp_conv_crop(im.w, dw, p->volume, p->c_in, p->c_out, q.c_in, q.c_out, e, st);
 }
 
 tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, const void *dy,

@@ -170,14 +170,21 @@ tsp_status tsp_conv_simple_wgrad(const tsp_conv_problem *p, const void *x, const
 tsp_status tsp_conv_reduce_partials(tsp_dtype dtype, const float *partials, int64_t chunks,
                                     int64_t count, void *dw, cudaStream_t stream);
 
-/* conv_pad.cu, for conv.cu's padded passes: pad copies src [batch, rows, cols]
-** into dst [batch, rows_to, cols_to] with zeros around it (dst 16-byte
-** aligned, rows of whole 16-byte chunks); crop (crop != 0) copies src
-** [batch, rows_to, cols_to]'s top-left [rows, cols] of each matrix into dst
+/* conv_pad.cu, for conv.cu's padded passes.  A pad job copies src [batch,
+** rows, cols] into dst [batch, rows_to, cols_to] with zeros around it (dst
+** 16-byte aligned, rows of whole 16-byte chunks); tsp_conv_pad_images runs
+** up to TSP_PAD_JOBS of them in one launch.  tsp_conv_crop copies each
+** matrix's top-left [rows, cols] of src [batch, rows_to, cols_to] into dst
 ** [batch, rows, cols].  elem_bytes 2 or 4, copied as bits. */
-tsp_status tsp_conv_pad_copy(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols,
-                             int64_t rows_to, int64_t cols_to, int elem_bytes, int crop,
-                             cudaStream_t stream);
+typedef struct {
+  const void *src;
+  void *dst;
+  int64_t batch, rows, cols, rows_to, cols_to;
+} tsp_pad_job;
+enum { TSP_PAD_JOBS = 2 };
+tsp_status tsp_conv_pad_images(const tsp_pad_job *jobs, int n_jobs, int elem_bytes, cudaStream_t stream);
+tsp_status tsp_conv_crop(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols, int64_t rows_to,
+                         int64_t cols_to, int elem_bytes, cudaStream_t stream);
 
 /* tile_pack.cu, for tile_steps.cu: the tile packing of `order` (torchsp.h,
 ** tsp_tile_pack_cpu's result) into out[0, n_rows), entries outside
