@@ -134,7 +134,7 @@ def wgrad_pair_list(kmap, algo, dtype, c_in, c_out):
     """The map's PairList (pair_list, unbuilt until read) for conv_wgrad, or None.
 
     The CUDA wgrad over pair pieces (csrc/cuda/conv_wgmma_wgrad.cu; what algo tile 0 runs for
-    fp16/bf16 with both channel counts >= 32 on an sm_90a build and an sm_90 device, or
+    fp16/bf16 with both channel counts (padded to multiples of 8) >= 32 on an sm_90a build and an sm_90 device, or
     dataflow 1 with tile 12, 13 (or RING_TILE, 13 for wgrad) or 15) walks nbmap's pair list.
     Passed in, it is built once per map (kernel_map_pairs, kept with kmap) instead of on every
     call (two passes over the map and a scan: ~27-38 us on an H100 at 126-173k rows).  None
