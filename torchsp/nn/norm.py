@@ -48,7 +48,7 @@ def _fusable(bn, x):
         return False
     if x.dtype not in _FUSED_CUDA or _functorch_active():
         return False
-    if bn._forward_hooks or bn._forward_pre_hooks or _hooks._global_forward_hooks or _hooks._global_forward_pre_hooks:
+    if not hook_free(bn):
         return False
     p, s = bn._parameters, bn._buffers
     first = None
