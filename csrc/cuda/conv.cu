@@ -296,6 +296,7 @@ typedef struct {
   void *in, *w, *out;
   void *rest;
   size_t rest_bytes;
+  int e; /* bytes an element */
 } pad_images;
 
 static size_t pad_images_bytes(const tsp_conv_problem *p, const tsp_conv_problem *q) {
@@ -305,8 +306,10 @@ static size_t pad_images_bytes(const tsp_conv_problem *p, const tsp_conv_problem
          (q->c_out != p->c_out ? align256((size_t)(q->n_out * q->c_out) * e) : 0);
 }
 
-static tsp_status carve_images(const tsp_conv_problem *p, const tsp_conv_problem *q, void *workspace,
-                               size_t workspace_bytes, pad_images *im) {
+/* *q = the padded problem of p (multiple m) and *im its images in the workspace. */
+static tsp_status carve_images(const tsp_conv_problem *p, int m, void *workspace, size_t workspace_bytes,
+                               tsp_conv_problem *q, pad_images *im) {
+  *q = padded_problem(p, m);
   const size_t need = pad_images_bytes(p, q), e = element_bytes(p->dtype);
   if (workspace == NULL || workspace_bytes < need) return TSP_ERR_ARGUMENT;
   unsigned char *at = (unsigned char *)workspace;
@@ -318,6 +321,7 @@ static tsp_status carve_images(const tsp_conv_problem *p, const tsp_conv_problem
   im->w = at;
   at += align256((size_t)(q->volume * q->c_in * q->c_out) * e);
   if (q->c_out != p->c_out) im->out = at;
+  im->e = (int)e;
   im->rest_bytes = workspace_bytes - need;
   im->rest = im->rest_bytes > 0 ? (unsigned char *)workspace + need : NULL;
   return TSP_OK;
@@ -602,12 +606,10 @@ static const int32_t *pass_steps(const int32_t *order, int32_t form, int64_t row
 static tsp_status padded_os(const tsp_conv_problem *p, int m, int dgrad, const void *src, const void *w,
                             const int32_t *map, void *out, void *workspace, size_t workspace_bytes,
                             tsp_cuda_stream stream) {
-  const tsp_conv_problem q = padded_problem(p, m);
+  tsp_conv_problem q;
   pad_images im;
-  tsp_status s = carve_images(p, &q, workspace, workspace_bytes, &im);
+  tsp_status s = carve_images(p, m, workspace, workspace_bytes, &q, &im);
   if (s != TSP_OK) return s;
-  cudaStream_t st = (cudaStream_t)stream;
-  const int e = (int)element_bytes(p->dtype);
   /* The gathered operand's image is on the output side of the map for dgrad. */
   void *src_img = dgrad ? im.out : im.in, *out_img = dgrad ? im.in : im.out;
   const int64_t src_rows = dgrad ? p->n_out : p->n_in, out_rows = dgrad ? p->n_in : p->n_out;
@@ -615,14 +617,14 @@ static tsp_status padded_os(const tsp_conv_problem *p, int m, int dgrad, const v
   const int64_t out_c = dgrad ? p->c_in : p->c_out, out_c2 = dgrad ? q.c_in : q.c_out;
   const tsp_pad_job jobs[2] = {{w, im.w, p->volume, p->c_in, p->c_out, q.c_in, q.c_out},
                                {src, src_img, 1, src_rows, src_c, src_rows, src_c2}};
-  s = tsp_conv_pad_images(jobs, src_img ? 2 : 1, e, st);
+  s = tsp_conv_pad_images(jobs, src_img ? 2 : 1, im.e, (cudaStream_t)stream);
   if (s != TSP_OK) return s;
   const void *src_q = src_img ? src_img : src;
   void *out_q = out_img ? out_img : out;
   s = dgrad ? tsp_conv_dgrad_cuda(&q, src_q, im.w, map, out_q, im.rest, im.rest_bytes, stream)
             : tsp_conv_fwd_cuda(&q, src_q, im.w, map, out_q, im.rest, im.rest_bytes, stream);
   if (s != TSP_OK || out_img == NULL) return s;
-  return tsp_conv_crop(out_img, out, 1, out_rows, out_c, out_rows, out_c2, e, st);
+  return tsp_conv_crop(out_img, out, 1, out_rows, out_c, out_rows, out_c2, im.e, (cudaStream_t)stream);
 }
 
 tsp_status tsp_conv_fwd_cuda(const tsp_conv_problem *prob, const void *x, const void *w,
@@ -668,24 +670,22 @@ tsp_status tsp_conv_dgrad_cuda(const tsp_conv_problem *prob, const void *dy, con
 static tsp_status padded_wgrad(const tsp_conv_problem *p, int m, const void *x, const void *dy,
                                const int32_t *nbmap, void *dw, void *workspace, size_t workspace_bytes,
                                tsp_cuda_stream stream) {
-  const tsp_conv_problem q = padded_problem(p, m);
+  tsp_conv_problem q;
   pad_images im;
-  tsp_status s = carve_images(p, &q, workspace, workspace_bytes, &im);
+  tsp_status s = carve_images(p, m, workspace, workspace_bytes, &q, &im);
   if (s != TSP_OK) return s;
-  cudaStream_t st = (cudaStream_t)stream;
-  const int e = (int)element_bytes(p->dtype);
   tsp_pad_job jobs[2];
   int n_jobs = 0;
   const tsp_pad_job x_job = {x, im.in, 1, p->n_in, p->c_in, p->n_in, q.c_in};
   const tsp_pad_job dy_job = {dy, im.out, 1, p->n_out, p->c_out, p->n_out, q.c_out};
   if (im.in) jobs[n_jobs++] = x_job;
   if (im.out) jobs[n_jobs++] = dy_job;
-  s = tsp_conv_pad_images(jobs, n_jobs, e, st);
+  s = tsp_conv_pad_images(jobs, n_jobs, im.e, (cudaStream_t)stream);
   if (s != TSP_OK) return s;
   s = tsp_conv_wgrad_cuda(&q, im.in ? im.in : x, im.out ? im.out : dy, nbmap, im.w, im.rest, im.rest_bytes,
                           stream);
   if (s != TSP_OK) return s;
-  return tsp_conv_crop(im.w, dw, p->volume, p->c_in, p->c_out, q.c_in, q.c_out, e, st);
+  return tsp_conv_crop(im.w, dw, p->volume, p->c_in, p->c_out, q.c_in, q.c_out, im.e, (cudaStream_t)stream);
 }
 
 tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, const void *dy,
