@@ -348,6 +348,135 @@ def test_warpconvnet_adapter_geometry(layer, monkeypatch):
     assert torch.equal(pl.dy_peer(dy)[pl.perm], dy)
 
 
+class _FakeSpconvTensor:
+    """spconv's SparseConvTensor as tools/peers.py's spconv adapter uses it (spconv 2.x, and
+    spconv-Triton 1.0 whose API is the same): features [N, C], indices [N, 4] (batch, then compact
+    coordinates), spatial_shape, batch_size and the indice_dict its layers register pairs in."""
+
+    def __init__(self, features, indices, spatial_shape, batch_size, indice_dict=None):
+        self.features, self.indices, self.spatial_shape = features, indices, spatial_shape
+        self.batch_size, self.indice_dict = batch_size, {} if indice_dict is None else indice_dict
+
+    def replace_feature(self, features):
+        return _FakeSpconvTensor(features, self.indices, self.spatial_shape, self.batch_size, self.indice_dict)
+
+
+class _FakeSpconvPairs:
+    """What an indice key holds: the pairs (out row, in row, k) [P, 3], the input indices and the
+    output indices; spconv-Triton's implicit-GEMM fields are the pairs themselves here."""
+
+    def __init__(self, pairs, indices, out_indices, spatial_shape):
+        self.indices, self.out_indices, self.spatial_shape = indices, out_indices, spatial_shape
+        self.pair_fwd = pairs
+        self.pair_bwd = self.pair_mask_fwd_splits = self.pair_mask_bwd_splits = None
+        self.mask_argsort_fwd_splits = self.mask_argsort_bwd_splits = self.masks = None
+
+
+def _fake_implicit_gemm(feats, weight, pair_fwd, *rest):
+    """out[o] += feats[i] @ W_k over pairs (o, i, k); weight [Co, Kx, Ky, Kz, Ci] (KRSC),
+    k = (kx * Ky + ky) * Kz + kz.  rest[5] is the output row count (num_activate_out), as in spconv-Triton."""
+    co, ci = weight.shape[0], weight.shape[-1]
+    wk = weight.permute(1, 2, 3, 4, 0).reshape(-1, ci, co)
+    o, i, k = pair_fwd.unbind(1)
+    out = torch.zeros(rest[5], co, dtype=feats.dtype)
+    return out.index_add(0, o, torch.einsum("pc,pcd->pd", feats[i], wk[k]))
+
+
+class _FakeSpconvConv(torch.nn.Module):
+    """spconv's SubMConv3d / SparseConv3d / SparseInverseConv3d, brute force: submanifold
+    (padding K // 2) outputs on the input indices, in = out + k - K // 2; regular, in = out *
+    stride - padding + k with 0 <= out < (spatial + 2 padding - K) // stride + 1; inverse, the
+    pairs its indice key's regular layer registered, swapped, onto that layer's input indices."""
+
+    def __init__(self, ci, co, k, stride=1, padding=0, bias=False, indice_key=None, subm=False, inverse=False):
+        super().__init__()
+        self.k, self.stride, self.padding, self.key = k, stride, padding, indice_key
+        self.subm, self.inverse, self.fp32_accum = subm, inverse, None
+        self.weight = torch.nn.Parameter(torch.zeros(co, k, k, k, ci))
+
+    def forward(self, x):
+        k3 = [(a, b, c) for a in range(self.k) for b in range(self.k) for c in range(self.k)]
+        if self.inverse:
+            d = x.indice_dict[self.key]
+            pairs, out_idx, spatial = d.pair_fwd[:, [1, 0, 2]], d.indices, d.spatial_shape
+        else:
+            rows = {tuple(r): n for n, r in enumerate(x.indices.tolist())}
+            if self.subm:
+                out_idx, spatial = x.indices, x.spatial_shape
+                outs = [(n, r) for n, r in enumerate(x.indices.tolist())]
+                src = lambda o, off: [o[j] + off[j] - self.k // 2 for j in range(3)]  # noqa: E731
+            else:
+                spatial = [(s + 2 * self.padding - self.k) // self.stride + 1 for s in x.spatial_shape]
+                cand = set()
+                for r in x.indices.tolist():
+                    for off in k3:
+                        q = [r[1 + j] + self.padding - off[j] for j in range(3)]
+                        if all(v % self.stride == 0 and 0 <= v // self.stride < spatial[j] for j, v in enumerate(q)):
+                            cand.add((r[0], *(v // self.stride for v in q)))
+                out_idx = torch.tensor(sorted(cand), dtype=x.indices.dtype).reshape(-1, 4)
+                outs = list(enumerate(out_idx.tolist()))
+                src = lambda o, off: [o[j] * self.stride - self.padding + off[j] for j in range(3)]  # noqa: E731
+            pairs = [(n, rows[(o[0], *src(o[1:], off))], kk) for n, o in outs for kk, off in enumerate(k3)
+                     if (o[0], *src(o[1:], off)) in rows]
+            pairs = torch.tensor(pairs, dtype=torch.long).reshape(-1, 3)
+        y = _FakeSpconvTensor(_fake_implicit_gemm(x.features, self.weight, pairs, *[None] * 5, out_idx.shape[0]),
+                              out_idx, spatial, x.batch_size, dict(x.indice_dict))
+        if self.key is not None and not self.inverse:
+            y.indice_dict[self.key] = _FakeSpconvPairs(pairs, x.indices, out_idx, x.spatial_shape)
+        return y
+
+
+@pytest.mark.parametrize("peer", ["spconv", "spconv-triton"])
+@pytest.mark.parametrize("layer", ["subm3", "down2", "down3", "up2"])
+def test_spconv_adapters_geometry(peer, layer, monkeypatch):
+    """tools/peers.py's spconv and spconv-Triton adapters turn torchsp's layer (coordinates,
+    stride, weight) into spconv's conventions and back: through a fake spconv written from its
+    geometry, their output in torchsp's row order matches torchsp's on a real scan.  spconv-Triton's
+    strided layer runs its implicit-GEMM function on the pairs a first call registered (the map
+    cached); the GPU bench checks both libraries themselves the same way."""
+    import types
+    import torchsp
+    from torchsp.kmap import get_kernel_map
+    _needs_scan()
+    peers = _load_tool("peers")
+    root = "spconv_triton" if peer == "spconv-triton" else "spconv"
+    api = types.SimpleNamespace(
+        SparseConvTensor=_FakeSpconvTensor,
+        SubMConv3d=lambda ci, co, k, **kw: _FakeSpconvConv(ci, co, k, subm=True, **kw),
+        SparseConv3d=lambda ci, co, k, **kw: _FakeSpconvConv(ci, co, k, **kw),
+        SparseInverseConv3d=lambda ci, co, k, **kw: _FakeSpconvConv(ci, co, k, inverse=True, **kw),
+        functional=types.SimpleNamespace(implicit_gemm=_fake_implicit_gemm))
+    mods = {root: types.ModuleType(root), f"{root}.pytorch": api, f"{root}.pytorch.functional": api.functional,
+            f"{root}.tools": types.SimpleNamespace(CUDAKernelTimer=lambda enabled: None)}
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    g = torch.Generator().manual_seed(7)
+    kind, K = ("subm", 3) if layer == "subm3" else (layer[:-1], int(layer[-1]))
+    bench = _load_tool("bench")
+    coords = bench.load_coords(bench.find_data(None), 3.2, torch.device("cpu"))
+    cin, cout = 3, 5
+    w = torch.randn(K ** 3, cin, cout, generator=g, dtype=torch.float64)
+    if kind == "up":
+        fine = torchsp.SparseTensor(torch.zeros(coords.shape[0], cout, dtype=torch.float64), coords)
+        _, coarse, cstride, ckey = get_kernel_map(fine, K, stride=2)
+        x = torchsp.SparseTensor(torch.randn(coarse.shape[0], cin, generator=g, dtype=torch.float64), coarse,
+                                 cstride, cache=fine.cache, coord_key=ckey, check=False)
+        kw, t_in = dict(stride=2, transposed=True), 2
+    else:
+        x = torchsp.SparseTensor(torch.randn(coords.shape[0], cin, generator=g, dtype=torch.float64), coords)
+        kw, t_in = dict(stride=1 if kind == "subm" else 2), 1
+    y = torchsp.functional.sparse_conv3d(x, w, K, **kw)
+    assert y.feats.abs().sum() > 0
+    L = dict(kind=kind, K=K, Cin=cin, Cout=cout, dtype=torch.float64, device=torch.device("cpu"),
+             coords_in=x.coords, coords_out=y.coords, t_in=t_in, weight=w)
+    pl, pw = peers.build(peer, L)
+    torch.testing.assert_close(pl.forward(x.feats), y.feats, rtol=1e-12, atol=1e-12)
+    dy = torch.randn(y.feats.shape, generator=g, dtype=torch.float64)
+    xf = pl.feats_peer(x.feats).clone().requires_grad_(True)
+    pl.fwd_bwd(xf, pw.requires_grad_(True), pl.dy_peer(dy))  # the timed training call runs
+    assert xf.grad is not None and pw.grad is not None
+
+
 def test_bench_power_parses_cases_and_samples():
     """tools/bench_power.py: its case syntax, nvidia-smi's sample lines, the window medians; on a
     machine without CUDA the CLI says so and fails."""

@@ -40,14 +40,17 @@ kernels read only the columns their tiles use).  This gives DESIGN.md section 7'
 32- or 64-channel submanifold layer at 173k voxels; bench.py until session 68 counted the whole
 map (lidar_198k at 0.05 m, subm C = 32 / 64: 13.6 / 21.1 us against 8.2 / 15.6 now).  The lent
 H200 copies at ~4.2 TB/s (the header's copy rate), so memory-bound kernels can beat these floors.
+The header and the last lines also print the host floor (host_floor): torch.add of one element timed
+per call and pipelined as the layers are, at the start and at the end of the run, the least any
+call reads on that host then.
 torchsp is reported per dataflow in --algos ("0" output-stationary mask-sorted, "0u" unsorted,
 "1" weight-stationary fetch-on-demand, "2:T" hybrid with L1 threshold T (default 2),
 "a,b,c,d" any [dataflow, tile, split, threshold] (e.g. 0,0,2,0 mask splits, 0,9,0,0 wgmma,
 3,0,4,0 split-K in 4 runs),
 "auto" the tuner's choice; torchsp/plan.py explains the dataflows).
-Peers (tools/peers.py: spconv, flexgemm, torchsparse, warpconvnet) are built on the same voxels
-with the same weights, their output is compared with torchsp's (relative error printed), then
-fwd and fwd+bwd are timed the same way.
+Peers (tools/peers.py: spconv, spconv-triton, flexgemm, torchsparse, warpconvnet) are built on the
+same voxels with the same weights, their output is compared with torchsp's (relative error
+printed), then fwd and fwd+bwd are timed the same way.
 
     python tools/bench.py --json bench.json --plot bench.png          # H100, fp16
     python tools/bench.py --device cpu --dtype fp32 --voxel-scale 10 --iters 3 --warmup 1 --peers none
@@ -237,6 +240,28 @@ def copy_rate(device, nbytes=1 << 30, iters=20):
     return 2 * nbytes / float(np.median(times))
 
 
+def host_floor(device, iters=200, warmup=20):
+    """(us per call, us per call pipelined) of torch.add on one element, timed as the layers are
+    (timeit, timeit_pipelined); None off CUDA.
+
+    Why: where a call's host part (Python, launches, the event records) outlasts its kernels, the
+    per-call columns read the host; this one-launch call is the least any call reads on this host
+    in this run, so a reader can tell how much of a row is left to the library."""
+    if device.type != "cuda":
+        return None
+    a = torch.ones(1, device=device)
+    fn = lambda: torch.add(a, a)  # noqa: E731
+    return timeit(fn, iters, warmup, device), timeit_pipelined(fn, iters, warmup, device)[0]
+
+
+def print_host_floor(env, key, device, when):
+    """Measure host_floor into env[key] and print it (nothing off CUDA)."""
+    hf = env[key] = host_floor(device)
+    if hf is not None:
+        print(f"# host floor {when}: torch.add of one element {hf[0]:.1f} us a call, {hf[1]:.1f} pipelined "
+              f"(the least any call reads here)")
+
+
 def settle(fn, ms, device):
     """Run fn back to back for about `ms` milliseconds of wall time (at least once when ms > 0),
     synchronizing every few calls and at the end, so the GPU is busy with fn for that long.
@@ -374,7 +399,8 @@ def main():
                     help="torchsp dataflows: 0, 1, 2 (hybrid, threshold 2), 2:T, a,b,c,d, auto")
     ap.add_argument("--layers", nargs="+", default=None,
                     help=f"subset of {[l[0] for l in LAYERS]}, run in the order given")
-    ap.add_argument("--peers", nargs="+", default=["all"], help="spconv flexgemm torchsparse warpconvnet | all | none")
+    ap.add_argument("--peers", nargs="+", default=["all"],
+                    help="spconv spconv-triton flexgemm torchsparse[:M] warpconvnet | all | none")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--settle-ms", type=float, default=0.0,
@@ -439,6 +465,7 @@ def main():
               f"{BANDWIDTH / 1e12:.1f} TB/s and {PEAK[dtype] / 1e12:.0f} TFLOP/s (DESIGN.md section 7)")
     for p, v in probe.items():
         print(f"#   peer {p}: {v}")
+    print_host_floor(env, "host_floor_us", device, "at the start")
     peak = PEAK[dtype]
     algos = [parse_algo(s) for s in args.algos]
     rows = []
@@ -584,6 +611,7 @@ def main():
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
+    print_host_floor(env, "host_floor_end_us", device, "at the end")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=1, default=str)

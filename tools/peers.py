@@ -17,6 +17,13 @@ device's torch into .peers/peers_so.txz, put on PYTHONPATH by `. .peers/env.sh`,
                spconv, so their forward includes the pair build (noted in the table).  Besides
                its wheel and cumm's, spconv 2.3.8 imports lark, portalocker and termcolor (pure
                Python; the GPU machine has none of them: session 53).
+  spconv-triton  spconv-Triton 1.0 (L. Reichardt; pure Python + Triton, a drop-in for spconv 2.x: its
+               pip wheel carried to the GPU machine, untracked): the same layers, weights and
+               coordinates as spconv, its default algorithm (MaskImplicitGemm at V <= 32).  Its
+               strided layers take their pairs from a first call (its implicit-GEMM autograd
+               function, spconv_triton.pytorch.functional.implicit_gemm, with the pairs that call
+               registered under an indice key), so every layer runs with its map cached, as
+               torchsp's do; its Triton kernels autotune on their first call (set up before timing).
   flexgemm     FlexGEMM (Triton + a small CUDA ext, flex_gemm.kernels.cuda, cross-built into .peers/peers_so.txz):
                sparse_submanifold_conv3d / sparse_conv3d with a cached neighbor map, weight
                [Cout, Kx, Ky, Kz, Cin]; no transposed conv ('up' emulated, see _flexgemm);
@@ -43,7 +50,7 @@ import os
 
 import torch
 
-PEERS = ("spconv", "flexgemm", "torchsparse", "warpconvnet")
+PEERS = ("spconv", "spconv-triton", "flexgemm", "torchsparse", "warpconvnet")
 
 
 class PeerUnavailable(Exception):
@@ -128,11 +135,13 @@ class PeerLayer:
 
 # --------------------------------------------------------------------------- spconv
 
-def _spconv(L):
+def _spconv(L, module="spconv.pytorch", label="spconv"):
+    """spconv's layer, or spconv-Triton's (module spconv_triton.pytorch, label spconv-triton: the
+    same API, its strided pairs cached: _spconv_triton_down)."""
     try:
-        import spconv.pytorch as spconv
+        spconv = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001
-        raise PeerUnavailable(f"spconv: {type(e).__name__}: {e}")
+        raise PeerUnavailable(f"{label}: {type(e).__name__}: {e}")
     K, Ci, Co, dev, dt = L["K"], L["Cin"], L["Cout"], L["device"], L["dtype"]
     kind = L["kind"]
     cin, sh = _shift(L["coords_out"] if kind == "up" else L["coords_in"])
@@ -157,6 +166,9 @@ def _spconv(L):
 
         def make(feats):
             return spconv.SparseConvTensor(feats, idx_in, spatial, 1, indice_dict=cache)
+    elif kind == "down" and label == "spconv-triton":
+        conv, out_idx, call = _spconv_triton_down(spconv, L, idx_in, spatial, wk)
+        note = "pairs cached (its implicit-GEMM function on a first call's pairs)"
     elif kind == "down":
         pad = (K - 1) // 2
         conv = spconv.SparseConv3d(Ci, Co, K, stride=2, padding=pad, bias=False).to(dev, dt)
@@ -200,6 +212,11 @@ def _spconv(L):
         ours_out[:, 1:] = torch.div(ours_out[:, 1:] + sh, t_out, rounding_mode="floor")
         perm = row_perm(ours_out, out_idx)
 
+    if kind == "down" and label == "spconv-triton":
+        def fwd_bwd_cached(feats, weight_unused, dy_peer):
+            call(feats).backward(dy_peer)
+        return PeerLayer(call, fwd_bwd_cached, perm, note), conv.weight
+
     def native(feats):
         return conv(make(feats)).features
 
@@ -215,6 +232,35 @@ def _spconv(L):
         conv(make(feats)).features.backward(dy_peer)
     return (PeerLayer(native, fwd_bwd, perm, note, perm_in if kind == "up" else None,
                       ordered if kind == "down" else None), conv.weight)
+
+
+def _spconv_triton_down(spconv, L, idx_in, spatial, wk):
+    """spconv-Triton's stride-2 layer with its pairs cached: (module, output indices, call).
+    Its SparseConv3d rebuilds a strided layer's pairs on every call (an indice key may be reused
+    by submanifold and inverse layers only), so a first call registers them under a key and
+    call(feats) runs the layer's own path after the pair build: its implicit-GEMM autograd
+    function (spconv_triton.pytorch.functional.implicit_gemm) on those pairs, in training mode as
+    the module runs by default, so backward works too."""
+    from spconv_triton.pytorch import functional as fsp
+    from spconv_triton.tools import CUDAKernelTimer
+    K, Ci, Co, dev, dt = L["K"], L["Cin"], L["Cout"], L["device"], L["dtype"]
+    conv = spconv.SparseConv3d(Ci, Co, K, stride=2, padding=(K - 1) // 2, bias=False,
+                               indice_key="bench").to(dev, dt)
+    conv.weight.data.copy_(wk)
+    x0 = spconv.SparseConvTensor(torch.zeros(idx_in.shape[0], Ci, device=dev, dtype=dt), idx_in, spatial, 1)
+    y0 = conv(x0)
+    d = y0.indice_dict["bench"]
+    n_out, timer = y0.indices.shape[0], CUDAKernelTimer(False)
+
+    def call(feats):
+        return fsp.implicit_gemm(feats, conv.weight, d.pair_fwd, d.pair_bwd, d.pair_mask_fwd_splits,
+                                 d.pair_mask_bwd_splits, d.mask_argsort_fwd_splits, d.mask_argsort_bwd_splits,
+                                 n_out, d.masks, True, False, timer, conv.fp32_accum)
+    return conv, y0.indices, call
+
+
+def _spconv_triton(L):
+    return _spconv(L, "spconv_triton.pytorch", "spconv-triton")
 
 
 def _scatter_rows(dy, perm):
@@ -484,13 +530,14 @@ def _warpconvnet(L):
     return PeerLayer(call, fwd_bwd, perm, "algo auto (its autotuner)", in_perm), conv.weight
 
 
-ADAPTERS = {"spconv": _spconv, "flexgemm": _flexgemm, "torchsparse": _torchsparse, "warpconvnet": _warpconvnet}
+ADAPTERS = {"spconv": _spconv, "spconv-triton": _spconv_triton, "flexgemm": _flexgemm, "torchsparse": _torchsparse,
+            "warpconvnet": _warpconvnet}
 
 
 def probe():
     """{peer: version string or 'unavailable: why'} (imports only)."""
-    mods = {"spconv": "spconv.pytorch", "flexgemm": "flex_gemm", "torchsparse": "torchsparse",
-            "warpconvnet": "warpconvnet"}
+    mods = {"spconv": "spconv.pytorch", "spconv-triton": "spconv_triton", "flexgemm": "flex_gemm",
+            "torchsparse": "torchsparse", "warpconvnet": "warpconvnet"}
     out = {}
     for p, m in mods.items():
         try:
