@@ -301,6 +301,30 @@ class _FakeWcnConv(torch.nn.Module):
         return _FakeWcnVoxels(y_vox.coords, y, y_vox.offsets, y_vox.tensor_stride)
 
 
+def _peer_layer(coords, kind, K, g):
+    """(x, y, L) for a peer adapter's CPU test: torchsp's float64 layer of `kind` ("subm", "down",
+    "up"), 3 -> 5 channels, on `coords` (for "up", their stride-2 coarsening back to them), its
+    output y, and the layer description tools/peers.py's adapters take."""
+    import torchsp
+    from torchsp.kmap import get_kernel_map
+    cin, cout = 3, 5
+    w = torch.randn(K ** 3, cin, cout, generator=g, dtype=torch.float64)
+    if kind == "up":
+        fine = torchsp.SparseTensor(torch.zeros(coords.shape[0], cout, dtype=torch.float64), coords)
+        _, coarse, cstride, ckey = get_kernel_map(fine, K, stride=2)
+        x = torchsp.SparseTensor(torch.randn(coarse.shape[0], cin, generator=g, dtype=torch.float64), coarse,
+                                 cstride, cache=fine.cache, coord_key=ckey, check=False)
+        kw, t_in = dict(stride=2, transposed=True), 2
+    else:
+        x = torchsp.SparseTensor(torch.randn(coords.shape[0], cin, generator=g, dtype=torch.float64), coords)
+        kw, t_in = dict(stride=1 if kind == "subm" else 2), 1
+    y = torchsp.functional.sparse_conv3d(x, w, K, **kw)
+    assert y.feats.abs().sum() > 0
+    L = dict(kind=kind, K=K, Cin=cin, Cout=cout, dtype=torch.float64, device=torch.device("cpu"),
+             coords_in=x.coords, coords_out=y.coords, t_in=t_in, weight=w)
+    return x, y, L
+
+
 @pytest.mark.parametrize("layer", ["subm3", "down2", "down3", "up2", "subm3_two_batches"])
 def test_warpconvnet_adapter_geometry(layer, monkeypatch):
     """tools/peers.py's WarpConvNet adapter turns torchsp's layer (coordinates, stride, weight)
@@ -309,8 +333,6 @@ def test_warpconvnet_adapter_geometry(layer, monkeypatch):
     batches whose rows interleave (the adapter groups rows by batch, as WarpConvNet's offsets need).
     The real library runs on the GPU only; the bench checks it there the same way."""
     import types
-    import torchsp
-    from torchsp.kmap import get_kernel_map
     peers = _load_tool("peers")
     mods = {"warpconvnet": types.ModuleType("warpconvnet"),
             "warpconvnet.geometry.types.voxels": types.SimpleNamespace(Voxels=_FakeWcnVoxels),
@@ -327,21 +349,7 @@ def test_warpconvnet_adapter_geometry(layer, monkeypatch):
         _needs_scan()
         bench = _load_tool("bench")
         coords = bench.load_coords(bench.find_data(None), 1.6, torch.device("cpu"))
-    cin, cout = 3, 5
-    w = torch.randn(K ** 3, cin, cout, generator=g, dtype=torch.float64)
-    if kind == "up":
-        fine = torchsp.SparseTensor(torch.zeros(coords.shape[0], cout, dtype=torch.float64), coords)
-        _, coarse, cstride, ckey = get_kernel_map(fine, K, stride=2)
-        x = torchsp.SparseTensor(torch.randn(coarse.shape[0], cin, generator=g, dtype=torch.float64), coarse,
-                                 cstride, cache=fine.cache, coord_key=ckey, check=False)
-        kw, t_in = dict(stride=2, transposed=True), 2
-    else:
-        x = torchsp.SparseTensor(torch.randn(coords.shape[0], cin, generator=g, dtype=torch.float64), coords)
-        kw, t_in = dict(stride=1 if kind == "subm" else 2), 1
-    y = torchsp.functional.sparse_conv3d(x, w, K, **kw)
-    assert y.feats.abs().sum() > 0
-    L = dict(kind=kind, K=K, Cin=cin, Cout=cout, dtype=torch.float64, device=torch.device("cpu"),
-             coords_in=x.coords, coords_out=y.coords, t_in=t_in, weight=w)
+    x, y, L = _peer_layer(coords, kind, K, g)
     pl, _ = peers.build("warpconvnet", L)
     torch.testing.assert_close(pl.forward(x.feats), y.feats, rtol=1e-12, atol=1e-12)
     dy = torch.randn(y.feats.shape, generator=g, dtype=torch.float64)
@@ -435,8 +443,6 @@ def test_spconv_adapters_geometry(peer, layer, monkeypatch):
     strided layer runs its implicit-GEMM function on the pairs a first call registered (the map
     cached); the GPU bench checks both libraries themselves the same way."""
     import types
-    import torchsp
-    from torchsp.kmap import get_kernel_map
     _needs_scan()
     peers = _load_tool("peers")
     root = "spconv_triton" if peer == "spconv-triton" else "spconv"
@@ -454,21 +460,7 @@ def test_spconv_adapters_geometry(peer, layer, monkeypatch):
     kind, K = ("subm", 3) if layer == "subm3" else (layer[:-1], int(layer[-1]))
     bench = _load_tool("bench")
     coords = bench.load_coords(bench.find_data(None), 3.2, torch.device("cpu"))
-    cin, cout = 3, 5
-    w = torch.randn(K ** 3, cin, cout, generator=g, dtype=torch.float64)
-    if kind == "up":
-        fine = torchsp.SparseTensor(torch.zeros(coords.shape[0], cout, dtype=torch.float64), coords)
-        _, coarse, cstride, ckey = get_kernel_map(fine, K, stride=2)
-        x = torchsp.SparseTensor(torch.randn(coarse.shape[0], cin, generator=g, dtype=torch.float64), coarse,
-                                 cstride, cache=fine.cache, coord_key=ckey, check=False)
-        kw, t_in = dict(stride=2, transposed=True), 2
-    else:
-        x = torchsp.SparseTensor(torch.randn(coords.shape[0], cin, generator=g, dtype=torch.float64), coords)
-        kw, t_in = dict(stride=1 if kind == "subm" else 2), 1
-    y = torchsp.functional.sparse_conv3d(x, w, K, **kw)
-    assert y.feats.abs().sum() > 0
-    L = dict(kind=kind, K=K, Cin=cin, Cout=cout, dtype=torch.float64, device=torch.device("cpu"),
-             coords_in=x.coords, coords_out=y.coords, t_in=t_in, weight=w)
+    x, y, L = _peer_layer(coords, kind, K, g)
     pl, pw = peers.build(peer, L)
     torch.testing.assert_close(pl.forward(x.feats), y.feats, rtol=1e-12, atol=1e-12)
     dy = torch.randn(y.feats.shape, generator=g, dtype=torch.float64)
