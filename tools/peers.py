@@ -144,6 +144,7 @@ def _spconv(L, module="spconv.pytorch", label="spconv"):
         raise PeerUnavailable(f"{label}: {type(e).__name__}: {e}")
     K, Ci, Co, dev, dt = L["K"], L["Cin"], L["Cout"], L["device"], L["dtype"]
     kind = L["kind"]
+    cached_down = kind == "down" and label == "spconv-triton"
     cin, sh = _shift(L["coords_out"] if kind == "up" else L["coords_in"])
     if kind == "up":
         cin = L["coords_in"].clone()
@@ -166,7 +167,7 @@ def _spconv(L, module="spconv.pytorch", label="spconv"):
 
         def make(feats):
             return spconv.SparseConvTensor(feats, idx_in, spatial, 1, indice_dict=cache)
-    elif kind == "down" and label == "spconv-triton":
+    elif cached_down:
         conv, out_idx, call = _spconv_triton_down(spconv, L, idx_in, spatial, wk)
         note = "pairs cached (its implicit-GEMM function on a first call's pairs)"
     elif kind == "down":
@@ -212,7 +213,7 @@ def _spconv(L, module="spconv.pytorch", label="spconv"):
         ours_out[:, 1:] = torch.div(ours_out[:, 1:] + sh, t_out, rounding_mode="floor")
         perm = row_perm(ours_out, out_idx)
 
-    if kind == "down" and label == "spconv-triton":
+    if cached_down:
         def fwd_bwd_cached(feats, weight_unused, dy_peer):
             call(feats).backward(dy_peer)
         return PeerLayer(call, fwd_bwd_cached, perm, note), conv.weight
