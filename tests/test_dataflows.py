@@ -19,7 +19,7 @@ import torchsp
 from cases import CASES, build, reference_grads
 from conftest import (CUDA, crop_voxels, dense_cube, lidar_crop, load_lidar, plane_coords, poison_cuda_cache,
                       random_coords, randn, real_scan_layer, rel_err)
-from torchsp.plan import _build, pass_plan, segmented
+from torchsp.plan import PLAIN, _build, pass_plan, segmented
 
 F = torchsp.functional
 ops = torch.ops.torchsp
@@ -101,12 +101,15 @@ def test_plan_covers_every_pair_once(name, kernel):
     for which, nb in (("fwd", kmap.nbmap), ("dgrad", kmap.nbmap_t)):
         if nb.shape[1] > 63:
             continue
-        seq, segs = _build(kmap, which, algo, geom.kernel_size, geom.dilation, geom.padding)
-        if algo[0] == 5 and not segs:  # every offset common, or none: the plain pass
-            common, rare = torchsp.plan.density_offsets(nb, algo[3])
-            assert not common or not rare, (name, which)
-            assert seq is (kmap.order if which == "fwd" else kmap.order_t)
+        got = _build(kmap, which, algo, geom.kernel_size, geom.dilation, geom.padding)
+        if got is PLAIN:  # no segment would run: the plain pass
+            if algo[0] == 5:  # every offset common, or none
+                common, rare = torchsp.plan.density_offsets(nb, algo[3])
+                assert not common or not rare, (name, which)
+            else:  # no pairs at all
+                assert not bool((nb >= 0).any()), (name, which)
             continue
+        seq, segs = got
         assert len(segs) % 4 == 0 and len(segs) > 0
         assert torch.equal(_covered(nb, seq, segs), (nb >= 0).long()), (name, which)
 
@@ -145,6 +148,56 @@ def test_plan_cpu_and_plain_passes_have_no_segments():
     assert pass_plan(kmap, "fwd", [1, 0, 0, 0], geom)[1] == []  # CPU: its own dataflows
     assert pass_plan(kmap, "dgrad", [0, 0, 0, 0], geom)[1] == []
     assert not any(segmented(a) for a in SPLIT_K.values())  # split-K is one plain pass
+
+
+def _pairless_layer(device, dtype):
+    """A strided layer whose map has no pair in either direction: floor rule, kernel (3, 1, 3)
+    dilated by 2, stride 2, on sites with odd x and z (each output sits at an even site, and its
+    offsets -2, 0, 2 along x and z reach only even ones).  Its output is the bias alone and its
+    dx and dw are zero.  Returns (x SparseTensor [N, 8], geometry kwargs)."""
+    c = torch.tensor([[0, 1, 0, 1], [0, 1, 3, 1], [0, 3, 0, 5], [1, -1, 2, 7], [1, 5, 5, -3]], dtype=torch.int32)
+    x = torchsp.SparseTensor(randn(c.shape[0], 8, dtype=dtype, device=device, seed=1), c.to(device))
+    return x, dict(kernel_size=(3, 1, 3), stride=2, dilation=2, rule="floor")
+
+
+def test_plans_of_a_map_without_pairs():
+    """CPU: every segmented dataflow of a map without pairs is PLAIN (no segment would run, and
+    the plain pass writes the zeros) or, for mask splits and hybrids with output-stationary
+    offsets, segments over all rows; never an empty row list beside no segments (which the ops
+    refused: tools/fuzz_conv.py seed 205)."""
+    x, kw = _pairless_layer("cpu", torch.float64)
+    geom = torchsp.kmap.ConvGeometry(kw["kernel_size"], kw["stride"], kw["dilation"], rule=kw["rule"])
+    kmap = torchsp.kmap.get_kernel_map(x, geom)[0]
+    assert kmap.nbmap.shape[0] > 0 and not bool((kmap.nbmap >= 0).any())
+    for name, algo in DATAFLOWS.items():
+        for which in ("fwd", "dgrad"):
+            got = _build(kmap, which, algo, geom.kernel_size, geom.dilation, geom.padding)
+            if algo[0] in (1, 4, 5) or (algo[0] == 2 and algo[3] == 0):
+                assert got is PLAIN, (name, which)
+            else:
+                seq, segs = got
+                assert segs and seq.shape[0] >= int(segs[1]), (name, which)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", list(EVERY))
+def test_every_dataflow_on_a_map_without_pairs(name):
+    """Each dataflow on a layer whose map has no pair (_pairless_layer), forward with a bias and
+    backward, outputs into NaN-poisoned memory: y equals the bias, dx and dw are zero.  Before
+    PLAIN the weight-stationary ones raised (order must be [N] ..., got shape [0])."""
+    x, kw = _pairless_layer("cuda", torch.float16)
+    feats = x.feats.detach().clone().requires_grad_()
+    w = randn(9, 8, 16, dtype=torch.float16, device="cuda", seed=2).requires_grad_()
+    b = randn(16, dtype=torch.float16, device="cuda", seed=3)
+    a = EVERY[name]
+    _poison_cache()
+    y = F.sparse_conv3d(x.replace(feats), w, bias=b, algo=(a, a, [0, 0, 0, 0]), **kw)
+    assert y.feats.shape[0] > 0
+    assert torch.equal(y.feats, b.expand_as(y.feats))
+    _poison_cache()
+    y.feats.backward(randn(*y.feats.shape, dtype=torch.float16, device="cuda", seed=4))
+    assert torch.equal(feats.grad, torch.zeros_like(feats))
+    assert torch.equal(w.grad, torch.zeros_like(w))
 
 
 def test_segments_bad_input(device):

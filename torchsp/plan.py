@@ -162,6 +162,11 @@ def wgrad_pairs(kmap, algo, dtype, c_in, c_out):
 # Segment flags (csrc/torchsp.h, tsp_segment): all_rows | 2 * add_out | 4 * plan.
 ALL_ROWS, ADD_OUT, WITH_MAP = 1, 2, 4
 
+# What _build answers where a dataflow's plan has no segment: the pass runs plain, on the map's
+# own row plan, which pass_plan reads when the call comes (so it is still refined after
+# torchsp.kmap.REFINE_AFTER reads, as a plain choice's is).
+PLAIN = (None, [])
+
 
 def density_offsets(nb, pct):
     """(common, rare): the offsets k that at least `pct` percent of the rows of `nb` [N, V]
@@ -174,11 +179,11 @@ def density_offsets(nb, pct):
 
 
 def _density_split(kmap, which, nb, pct):
-    """Dataflow 5's (row list, segments); the plain pass's when either offset set is empty."""
+    """Dataflow 5's (row list, segments); PLAIN when either offset set is empty."""
     rows, v = int(nb.shape[0]), int(nb.shape[1])
     common, rare = density_offsets(nb, pct)
     if not common or not rare:
-        return (kmap.order if which == "fwd" else kmap.order_t), []
+        return PLAIN
     first = mask_order(nb, _bits(common), with_map=True)
     plan = mask_order(nb, _bits(rare), with_map=True)
     # Rows without a rare offset have mask 0 and sort first; the second segment skips them.
@@ -190,6 +195,8 @@ def _density_split(kmap, which, nb, pct):
 
 
 def _build(kmap, which, algo, kernel_size, dilation, padding):
+    """(row list int32 tensor, segments list of ints) of the pass `which` ("fwd" / "dgrad") of a
+    segmented `algo` on kmap (any device), or PLAIN where no segment would run."""
     nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
     rows, v = int(nb.shape[0]), int(nb.shape[1])
     dataflow, split, t = algo[0], algo[2], algo[3]
@@ -220,6 +227,11 @@ def _build(kmap, which, algo, kernel_size, dilation, padding):
     if os_:
         seq = torch.cat([pairs, mask_order(nb, _bits(os_))])
         full = [int(pairs.shape[0]), rows, _bits(os_), ALL_ROWS]
+    if not segs and not full:
+        # No pairs at all: a floor-rule output whose offsets miss every input, or inputs no
+        # output reads (dgrad).  No segment would run, and the ops read [] as the plain pass,
+        # which writes the zeros (an empty row list beside [] was refused: tools/fuzz_conv.py).
+        return PLAIN
     return seq, segs + full
 
 
@@ -252,4 +264,4 @@ def pass_plan(kmap, which, algo, geom, dtype=None, traced=None):
     if hit is None:
         refuse_under_capture(nb, f"the {which} plan of dataflow {algo[0]}")
         hit = kmap.plans[key] = _build(kmap, which, algo, geom.kernel_size, geom.dilation, geom.padding)
-    return hit
+    return hit if hit is not PLAIN else (order, [])
