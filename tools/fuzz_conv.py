@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Random sparse convolutions against the float64 gather reference: every regime, algo and dtype.
+
+Why: the test suite checks each dataflow, tile and regime on chosen cases; users meet the
+combinations (a tile forced through `algo` with 5 channels and split-K, a density split on a
+transposed layer, a fresh map of one row).  Each trial draws one of them at random:
+  - geometry: submanifold, strided (active-site or floor rule), generative, transposed back to
+    the finer coordinates, transposed generative; kernel 1-5 per axis, stride 1-3, dilation 1-2,
+    input stride 1, 2 or 4 (tests/cases.py's Case);
+  - coordinates: 0 to a few thousand random rows at a random density, several batches
+    (tests/conftest.py random_coords), or a crop of the real scan (lidar_198k);
+  - channels 1-384 on each side, bias or none, fp16 / bf16 / fp32 (exact, or tf32 by tile 11) /
+    fp64 on the CPU;
+  - three independent algos (fwd, dgrad, wgrad) from the whole space the ops accept
+    (csrc/torchsp.h tsp_algo: every dataflow, tile, split and threshold; the wgrad tiles),
+    or None (the tuner's default);
+  - a training call, a call without gradients, or a call repeated (the memos' path, which must
+    give the same values bitwise under a fixed algo); feats, weight or dy as non-contiguous
+    views (a column slice, a transposed copy, one row expanded); float32 under torch.autocast
+    to fp16 or bf16 on CUDA;
+and runs it through torchsp.functional.sparse_conv3d (backward too when training).  The expected output
+coordinates come from tests/reference.py's site rules, the kernel map from its slow pure-PyTorch
+map, and y, dx and dw from its float64 gather sums (on the trial's device), never from torchsp.
+CUDA workspace memory is filled with NaN before each trial (tests/conftest.py poison_cuda_cache).
+
+A trial fails on an exception, a NaN, wrong coordinates, or a relative error (max |a - e| /
+max |e|) above its dtype's bound; the seed of each failure is printed and `--seeds` replays it.
+
+    python tools/fuzz_conv.py --trials 500                 # CUDA when present, else CPU
+    python tools/fuzz_conv.py --device cpu --trials 50
+    python tools/fuzz_conv.py --seeds 17 230 --verbose     # replay two trials
+"""
+
+import argparse
+import os
+import random
+import sys
+import time
+import traceback
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import torchsp  # noqa: E402
+import reference as ref  # noqa: E402
+from cases import Case, build, expected_coords, kmap_args  # noqa: E402
+from conftest import crop_voxels, load_lidar, poison_cuda_cache, randn  # noqa: E402
+
+# max |a - e| / max |e| per dtype, over sums of up to 125 x 384 products that may cancel (float32:
+# seed 5891's dx, 125 x 128 terms into one channel, read 1.4e-5 on the CPU); a wrong or missing
+# pair reads ~1
+TOL = {torch.float16: 5e-3, torch.bfloat16: 2e-2, torch.float32: 1e-4, "tf32": 1e-2, torch.float64: 1e-10}
+CHANNELS = [1, 2, 3, 4, 5, 7, 8, 12, 16, 17, 24, 31, 32, 33, 40, 48, 63, 64, 65, 96, 100, 128, 130, 160, 192,
+            256, 264, 384]
+FWD_TILES = [0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 42]
+WGRAD_TILES = [0, 3, 11, 12, 13, 15, 42]
+
+
+def draw_algo(rng, wgrad=False):
+    """One [dataflow, tile, split, threshold] from the space the ops accept (csrc/shim_common.h
+    make_algo), each dataflow with the parameters it reads."""
+    if wgrad:
+        return [rng.choice([0, 1]), rng.choice(WGRAD_TILES), rng.choice([0, 1, 2, 3]), 0]
+    df = rng.choice([0, 0, 1, 2, 3, 4, 5])
+    tile = rng.choice(FWD_TILES)
+    if df == 0:
+        return [0, tile, rng.choice([0, 1, 2, 3, 4]), rng.choice([0, 0, -1])]
+    if df == 1:
+        return [1, tile, 0, 0]
+    if df == 2:
+        return [2, tile, 0, rng.choice([0, 1, 2, 3, 4, 99])]
+    if df == 3:
+        return [3, tile, rng.randint(2, 16), rng.choice([0, -1])]
+    if df == 4:
+        return [4, tile, 0, rng.choice([0, 25, 50, 6400])]
+    return [5, tile, 0, rng.randint(1, 100)]
+
+
+def draw_case(rng):
+    """A random Case (tests/cases.py) with its coordinate count and span."""
+    regime = rng.choice(["sub", "sub", "str", "floor", "gen", "tr", "trgen"])
+    k = rng.choice([1, 2, 3, 3, 3, 4, 5, (3, 1, 3), (2, 3, 1), (1, 1, 3)])
+    n = rng.choice([0, 1, 2, 7, 64, 127, 129, 300, 1000, 2500])
+    span = rng.choice([2, 3, 4, 6, 10, 20])
+    t = rng.choice([1, 1, 2, 4])
+    d = rng.choice([1, 1, 1, 2])
+    kw = dict(kernel=k, n=n, span=span, batch_ids=tuple(sorted(rng.sample(range(4), rng.randint(1, 3)))))
+    if regime == "sub":
+        return Case("fuzz_sub", dilation=d, in_stride=t, **kw)
+    if regime == "gen":
+        return Case("fuzz_gen", dilation=d, in_stride=t, generative=True, **kw)
+    s = rng.choice([2, 2, 3, (2, 1, 2)])
+    if regime in ("str", "floor"):
+        return Case("fuzz_" + regime, stride=s, dilation=d, in_stride=t,
+                    rule="floor" if regime == "floor" else "active", **kw)
+    s = rng.choice([2, 2, 3])  # transposed: the input stride is a multiple of the stride
+    kw["kernel"] = rng.choice([2, 3, 3, 4])
+    if regime == "tr":
+        return Case("fuzz_tr", stride=s, in_stride=s * rng.choice([1, 2]), transposed=True,
+                    down=(rng.choice([2, 3, s]), rng.choice(["active", "floor"])), **kw)
+    return Case("fuzz_trgen", stride=s, in_stride=s * rng.choice([1, 2]), transposed=True, generative=True,
+                **kw)
+
+
+def scan_coords(rng):
+    """A crop of the real scan: int32 [N, 4] on the CPU, 0.1 m or 0.2 m voxels, batch 0."""
+    pc = load_lidar()
+    cx, cy = rng.uniform(-8, 8), rng.uniform(-8, 8)
+    w = rng.choice([2.0, 4.0, 6.0])
+    return crop_voxels(pc, lo=(cx - w, cy - w, -2.0), hi=(cx + w, cy + w, 3.0), voxel=rng.choice([0.1, 0.2]))
+
+
+def draw(seed, device):
+    """Everything trial `seed` runs, drawn from one random.Random(seed)."""
+    rng = random.Random(seed)
+    case = draw_case(rng)
+    coords = None
+    if rng.random() < 0.15 and case.regime in ("submanifold", "strided", "floor"):
+        coords = scan_coords(rng)
+        case = Case(case.name + "_scan", kernel=case.kernel, stride=case.stride, dilation=case.dilation,
+                    rule=case.rule)
+    if device == "cuda":
+        dtype = rng.choice([torch.float16, torch.float16, torch.bfloat16, torch.float32])
+    else:
+        dtype = rng.choice([torch.float32, torch.float64])
+    cin, cout = rng.choice(CHANNELS), rng.choice(CHANNELS)
+    if rng.random() < 0.5:  # channel counts of real networks more often
+        cin, cout = rng.choice([16, 32, 64, 128]), rng.choice([16, 32, 64, 128])
+    vol = ref.triple(case.kernel)[0] * ref.triple(case.kernel)[1] * ref.triple(case.kernel)[2]
+    if cin * cout * vol > 384 * 384 * 27:  # keep one trial's work small
+        cin = min(cin, 64)
+    algo = None if rng.random() < 0.2 else (draw_algo(rng), draw_algo(rng), draw_algo(rng, wgrad=True))
+    bias = rng.random() < 0.3
+    mode = rng.choice(["train"] * 7 + ["nograd"] * 2 + ["repeat"])
+    layout = rng.choice(["contiguous"] * 16 + ["feats_view", "weight_view", "dy_view", "dy_expand"])
+    amp = None
+    if device == "cuda" and dtype == torch.float32 and rng.random() < 0.3:
+        amp = rng.choice([torch.float16, torch.bfloat16])
+    return dict(case=case, coords=coords, dtype=dtype, cin=cin, cout=cout, algo=algo, bias=bias, mode=mode,
+                layout=layout, amp=amp)
+
+
+def tolerance(dtype, algo, which, amp=None):
+    """The trial's bound for pass `which` (0 fwd, 1 dgrad, 2 wgrad): the autocast dtype's under
+    autocast, tf32's where a float32 pass's algo asks for it."""
+    if amp is not None:
+        return TOL[amp]
+    if dtype == torch.float32 and algo is not None and algo[which][1] == 11:
+        return TOL["tf32"]
+    return TOL[dtype]
+
+
+def rel_err(actual, expected):
+    a, e = actual.detach().double(), expected.detach().double().to(actual.device)
+    if e.numel() == 0:
+        return 0.0
+    return float((a - e).abs().max() / e.abs().max().clamp_min(1e-30))
+
+
+def sorted_rows(c):
+    """Coordinates [M, 4] in lexicographic order (as int64) and the permutation that sorts them."""
+    c = c.long().cpu()
+    key = c[:, 0]
+    for a in range(1, 4):
+        key = key * (1 << 20) + (c[:, a] + (1 << 19))
+    perm = torch.argsort(key)
+    return c[perm], perm
+
+
+def strided_copy(t, how):
+    """t's values in a non-contiguous tensor: "cols" a column slice of a wider tensor, "t" the
+    transpose of a transposed copy, "expand" (rows only) one row broadcast."""
+    if how == "cols":
+        wide = torch.full((t.shape[0], t.shape[1] + 3), float("nan"), dtype=t.dtype, device=t.device)
+        wide[:, 1:1 + t.shape[1]] = t
+        return wide[:, 1:1 + t.shape[1]]
+    if how == "expand":
+        return t[:1].expand(t.shape[0], -1) if t.shape[0] else t
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def run_trial(seed, device, verbose=False):
+    """None when trial `seed` passes, else a one-line reason."""
+    t = draw(seed, device)
+    case, dtype, cin, cout, algo = t["case"], t["dtype"], t["cin"], t["cout"], t["algo"]
+    mode, layout, amp = t["mode"], t["layout"], t["amp"]
+    desc = (f"seed {seed}: {case} cin {cin} cout {cout} {dtype} algo {algo} bias {t['bias']} {mode} {layout}"
+            f"{f' autocast {amp}' if amp is not None else ''}{' real scan crop' if t['coords'] is not None else ''}")
+    if verbose:
+        print(desc)
+    if device == "cuda":
+        poison_cuda_cache()
+    x, fine = build(case, cin, device, dtype, seed=seed, coords=t["coords"])
+    vol = case.volume()
+    w = randn(vol, cin, cout, seed=seed + 11, dtype=dtype, device=device, scale=1.0 / max(1, cin * vol) ** 0.5)
+    b = randn(cout, seed=seed + 12, dtype=dtype, device=device) if t["bias"] else None
+    train = mode != "nograd"
+    xf = x.feats.detach().clone()
+    wg = w.detach().clone()
+    if layout == "feats_view":
+        xf = strided_copy(xf, "cols")
+    if layout == "weight_view":
+        wg = strided_copy(wg, "t")
+    xf.requires_grad_(train)
+    wg.requires_grad_(train)
+    dy = None
+
+    def call():
+        with torch.autocast("cuda", dtype=amp, enabled=amp is not None), torch.set_grad_enabled(train):
+            return torchsp.functional.sparse_conv3d(x.replace(xf), wg, case.kernel, b, stride=case.stride,
+                                                    padding=case.padding, dilation=case.dilation,
+                                                    transposed=case.transposed, generative=case.generative,
+                                                    rule=case.rule, algo=algo)
+    try:
+        y = call()
+        if mode == "repeat":  # the second call takes the memos (functional._Repeat, the tuner's)
+            y1 = y.feats.detach().clone()
+            y = call()
+            if algo is not None and not torch.equal(y.feats, y1):
+                return f"{desc}: a repeated call gave other values"
+        if train:
+            dy = randn(y.feats.shape[0], cout, seed=seed + 13, dtype=y.feats.dtype, device=device)
+            if layout in ("dy_view", "dy_expand"):
+                dy = strided_copy(dy, "t" if layout == "dy_view" else "expand")
+            y.feats.backward(dy)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 (every exception is a finding here)
+        if verbose:
+            traceback.print_exc()
+        return f"{desc}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    if amp is not None and y.feats.dtype != amp:
+        return f"{desc}: autocast {amp} gave {y.feats.dtype} features"
+    # Output coordinates: the reference's site rules, compared as sets (order is the library's).
+    want_c = expected_coords(case, x.coords, fine)
+    got_s, _ = sorted_rows(y.coords)
+    want_s, _ = sorted_rows(want_c)
+    if not torch.equal(got_s, want_s):
+        return f"{desc}: output coordinates differ ({y.coords.shape[0]} rows against {want_c.shape[0]})"
+    step, sign = kmap_args(case)
+    pad = case.padding if case.padding is not None else ref.default_padding(ref.triple(case.kernel),
+                                                                             ref.triple(case.dilation))
+    nbmap = ref.kernel_map(x.coords.cpu(), y.coords.cpu(), case.kernel, case.dilation, pad, step, sign)
+    rdev = x.feats.device
+    checks = [("y", y.feats, ref.gather_conv(x.feats, nbmap.to(rdev), w, b), 0)]
+    if train:
+        checks += [("dx", xf.grad, ref.gather_conv(dy, ref.transpose_map(nbmap, x.feats.shape[0]).to(rdev),
+                                                   w.transpose(1, 2)), 1),
+                   ("dw", wg.grad, ref.gather_wgrad(x.feats, nbmap.to(rdev), dy), 2)]
+    out = []
+    for name, got, want, which in checks:
+        if got is None:
+            out.append(f"{name} missing")
+            continue
+        if got.shape != want.shape:
+            out.append(f"{name} shape {tuple(got.shape)} against {tuple(want.shape)}")
+            continue
+        if not torch.isfinite(got).all():
+            out.append(f"{name} has {int((~torch.isfinite(got)).sum())} non-finite values")
+            continue
+        err, tol = rel_err(got, want), tolerance(dtype, algo, which, amp)
+        if verbose:
+            print(f"  {name}: rel err {err:.2e} (bound {tol:.0e})")
+        if err > tol:
+            out.append(f"{name} rel err {err:.2e} > {tol:.0e}")
+    return f"{desc}: {'; '.join(out)}" if out else None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--trials", type=int, default=200)
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="*", help="replay these trials instead")
+    p.add_argument("--budget", type=float, default=0, help="stop after this many seconds (0: none)")
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 exact unless a trial's tile asks for tf32
+    seeds = args.seeds if args.seeds else range(args.first_seed, args.first_seed + args.trials)
+    t0, done, failures = time.time(), 0, []
+    for s in seeds:
+        if args.budget and time.time() - t0 > args.budget:
+            break
+        why = run_trial(s, args.device, args.verbose)
+        done += 1
+        if why is not None:
+            failures.append(why)
+            print("FAIL", why, flush=True)
+    print(f"fuzz_conv: {done} trials on {args.device} in {time.time() - t0:.0f} s, {len(failures)} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
