@@ -5,10 +5,12 @@ Why: the test suite checks each dataflow, tile and regime on chosen cases; users
 combinations (a tile forced through `algo` with 5 channels and split-K, a density split on a
 transposed layer, a fresh map of one row).  Each trial draws one of them at random:
   - geometry: submanifold, strided (active-site or floor rule), generative, transposed back to
-    the finer coordinates, transposed generative; kernel 1-5 per axis, stride 1-3, dilation 1-2,
-    input stride 1, 2 or 4 (tests/cases.py's Case);
-  - coordinates: 0 to a few thousand random rows at a random density, several batches
-    (tests/conftest.py random_coords), or a crop of the real scan (lidar_198k);
+    the finer coordinates, transposed generative; kernel 1-5 per axis (sometimes 7: V up to
+    343), stride 1-3, dilation 1-2, input stride 1-6 (tests/cases.py's Case);
+  - coordinates: 0 to a few thousand random rows at a random density, several batches (up to
+    the last batch index), sometimes near the edge of the coordinate range (tests/conftest.py
+    random_coords), or a crop of the real scan (lidar_198k; on CUDA also the whole sweep, in one
+    or two batches);
   - channels 1-384 on each side, bias or none, fp16 / bf16 / fp32 (exact, or tf32 by tile 11) /
     fp64 on the CPU;
   - three independent algos (fwd, dgrad, wgrad) from the whole space the ops accept
@@ -48,6 +50,7 @@ import torchsp  # noqa: E402
 import reference as ref  # noqa: E402
 from cases import Case, build, expected_coords, kmap_args  # noqa: E402
 from conftest import crop_voxels, load_lidar, poison_cuda_cache, randn  # noqa: E402
+from torchsp.geometry import BATCH_MAX  # noqa: E402
 
 # max |a - e| / max |e| per dtype, over sums of up to 125 x 384 products that may cancel (float32:
 # seed 5891's dx, 125 x 128 terms into one channel, read 1.4e-5 on the CPU); a wrong or missing
@@ -87,7 +90,16 @@ def draw_case(rng):
     span = rng.choice([2, 3, 4, 6, 10, 20])
     t = rng.choice([1, 1, 2, 4])
     d = rng.choice([1, 1, 1, 2])
-    kw = dict(kernel=k, n=n, span=span, batch_ids=tuple(sorted(rng.sample(range(4), rng.randint(1, 3)))))
+    if rng.random() < 0.05:  # a long thin kernel: V = 7 or 343 (more offsets than a plan's 63)
+        k = rng.choice([(7, 1, 1), (1, 7, 1), 7])
+        span = min(span, 4)
+    batch_ids = tuple(sorted(rng.sample(range(4), rng.randint(1, 3))))
+    if rng.random() < 0.05:
+        batch_ids = (0, BATCH_MAX)
+    # Far from the origin: a multiple of every input stride drawn (1, 2, 3, 4, 6), as far out as
+    # the coordinate range leaves room for span x stride and the kernel's reach.
+    shift = tuple(rng.choice([0, 130776, -130776]) for _ in range(3)) if rng.random() < 0.1 else (0, 0, 0)
+    kw = dict(kernel=k, n=n, span=span, batch_ids=batch_ids, shift=shift)
     if regime == "sub":
         return Case("fuzz_sub", dilation=d, in_stride=t, **kw)
     if regime == "gen":
@@ -105,23 +117,31 @@ def draw_case(rng):
                 **kw)
 
 
-def scan_coords(rng):
-    """A crop of the real scan: int32 [N, 4] on the CPU, 0.1 m or 0.2 m voxels, batch 0."""
+def scan_coords(rng, whole=False):
+    """A crop of the real scan (whole: all of it, in one or two batches): int32 [N, 4] on the
+    CPU, 0.1 m or 0.2 m voxels."""
     pc = load_lidar()
+    voxel = rng.choice([0.1, 0.2])
+    if whole:
+        c = crop_voxels(pc, lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=voxel)
+        if rng.random() < 0.5:  # a second sample: the same sweep shifted by 3 m
+            c = torch.cat([c, crop_voxels(pc + 3.0, lo=(-1e4,) * 3, hi=(1e4,) * 3, voxel=voxel, batch=1)])
+        return c
     cx, cy = rng.uniform(-8, 8), rng.uniform(-8, 8)
     w = rng.choice([2.0, 4.0, 6.0])
-    return crop_voxels(pc, lo=(cx - w, cy - w, -2.0), hi=(cx + w, cy + w, 3.0), voxel=rng.choice([0.1, 0.2]))
+    return crop_voxels(pc, lo=(cx - w, cy - w, -2.0), hi=(cx + w, cy + w, 3.0), voxel=voxel)
 
 
 def draw(seed, device):
     """Everything trial `seed` runs, drawn from one random.Random(seed)."""
     rng = random.Random(seed)
     case = draw_case(rng)
-    coords = None
+    coords, whole = None, False
     if rng.random() < 0.15 and case.regime in ("submanifold", "strided", "floor"):
-        coords = scan_coords(rng)
-        case = Case(case.name + "_scan", kernel=case.kernel, stride=case.stride, dilation=case.dilation,
-                    rule=case.rule)
+        whole = device == "cuda" and rng.random() < 0.3  # 100-250k rows: its tiles fill the GPU
+        coords = scan_coords(rng, whole)
+        case = Case(case.name + ("_whole_scan" if whole else "_scan"), kernel=case.kernel, stride=case.stride,
+                    dilation=case.dilation, rule=case.rule)
     if device == "cuda":
         dtype = rng.choice([torch.float16, torch.float16, torch.bfloat16, torch.float32])
     else:
@@ -132,6 +152,8 @@ def draw(seed, device):
     vol = ref.triple(case.kernel)[0] * ref.triple(case.kernel)[1] * ref.triple(case.kernel)[2]
     if cin * cout * vol > 384 * 384 * 27:  # keep one trial's work small
         cin = min(cin, 64)
+    if whole or vol > 125:
+        cin, cout = min(cin, 128), min(cout, 128)
     algo = None if rng.random() < 0.2 else (draw_algo(rng), draw_algo(rng), draw_algo(rng, wgrad=True))
     bias = rng.random() < 0.3
     mode = rng.choice(["train"] * 7 + ["nograd"] * 2 + ["repeat"])
