@@ -86,7 +86,7 @@ at::Tensor kernel_map_transpose_cpu(const at::Tensor &nbmap_, const at::Tensor &
   at::Tensor nbmap = nbmap_.contiguous();
   const int64_t n_in = in_coords.size(0), v = nbmap.size(1);
   at::Tensor out = at::empty({n_in, v}, nbmap.options());
-  if (n_in == 0) return out;
+  /* n_in == 0 still goes to the kernel: an entry >= 0 then names an input that is not there. */
   if (nbmap.size(0) == 0 || v == 0) return out.fill_(-1);
   check_status(tsp_kernel_map_transpose_cpu(nbmap.data_ptr<int32_t>(), nbmap.size(0), v, n_in,
                                             out.data_ptr<int32_t>()),

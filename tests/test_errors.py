@@ -246,6 +246,21 @@ def test_ops_reject_bad_maps():
         ops.conv_fwd(x, w, nb.long(), torch.full((10, 27), -1), [0] * 4, [0] * 4, [0] * 4)
 
 
+@pytest.mark.parametrize("n_in", [0, 1, 3])
+def test_cpu_transpose_rejects_entries_past_the_inputs(n_in):
+    """CPU kernel_map_transpose: an entry naming an input row that in_coords lacks raises, with no
+    inputs at all too (it returned an empty map there: tools/fuzz_badinput.py).  The CUDA op
+    ignores such entries (csrc/torchsp.h: it never synchronises to report them)."""
+    ops = torch.ops.torchsp
+    nb = torch.full((4, 27), -1, dtype=torch.int32)
+    nb[1, 13] = 3
+    c = torch.zeros(n_in, 4, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ops.kernel_map_transpose(nb, c)
+    nb[1, 13] = -1  # no entry: an empty input is fine
+    assert bool((ops.kernel_map_transpose(nb, c) == -1).all())
+
+
 @pytest.mark.parametrize("bad", ["pairs_alone", "starts_alone", "pairs_int64", "pairs_2d", "pairs_3_rows",
                                  "starts_int32", "starts_short", "too_many_pairs", "too_many_rows", "device"])
 def test_wgrad_rejects_bad_pair_list(bad, device):

@@ -1,4 +1,5 @@
-"""Random convolutions (tools/fuzz_conv.py) against the float64 gather reference.
+"""Random convolutions (tools/fuzz_conv.py) against the float64 gather reference, and random
+batch norms (tools/fuzz_norm.py) against nn.BatchNorm1d in float64.
 
 Each seed draws a regime, coordinates (random or a crop of the real scan), channel counts,
 dtype, bias and three algos (fwd, dgrad, wgrad) from the whole space the ops accept, runs
@@ -17,6 +18,7 @@ from conftest import CUDA
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 import fuzz_conv  # noqa: E402
+import fuzz_norm  # noqa: E402
 
 CPU_SEEDS = range(0, 48)
 CUDA_SEEDS = range(0, 160)
@@ -38,4 +40,17 @@ def test_fuzz_cuda(seed):
         why = fuzz_conv.run_trial(seed, "cuda")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert why is None, why
+
+
+NORM_CUDA_SEEDS = range(0, 60)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("seed", NORM_CUDA_SEEDS)
+def test_fuzz_norm_cuda(seed):
+    """tools/fuzz_norm.py: torchsp.nn.BatchNorm's fused CUDA kernels against a float64
+    nn.BatchNorm1d (outputs, running statistics, gradients).  On the CPU the layer runs torch's
+    own kernels, so only CUDA is swept here."""
+    why = fuzz_norm.run_trial(seed, "cuda")
     assert why is None, why
