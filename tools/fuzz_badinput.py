@@ -7,10 +7,10 @@ TypeError, IndexError) and leave the process and the GPU usable, not read or wri
 Each trial builds valid arguments for one op from a small random layer, changes one of them
 (dtype, dimensions, length, a non-contiguous view, the device, entries out of range or negative,
 huge or negative integers in an int[]), calls the op, and synchronises.  A trial fails when
-the process dies (a signal: each batch of trials runs in its own child process), when CUDA
-reports an error after the op returned normally, or when the op raises something other than
-those exceptions.  An op may also accept a change it can serve (a non-contiguous tensor,
-a -1 map entry): the trial then only asks that nothing crashed.
+the process dies or stops answering (each batch of trials runs in its own child process, given
+--batch-timeout seconds), when CUDA reports an error once the op has returned or raised, or when
+the op raises something other than those exceptions.  An op may also accept a change it can
+serve (a non-contiguous tensor, a -1 map entry): the trial then only asks that nothing crashed.
 
     python tools/fuzz_badinput.py --trials 2000                # CUDA when present, else CPU
     python tools/fuzz_badinput.py --device cpu --seeds 17 --verbose
@@ -138,24 +138,18 @@ def run_trial(seed, device, verbose=False):
         print(desc, flush=True)
     try:
         getattr(ops, name)(*args)
+        what = "accepted"
     except ALLOWED as e:
-        if device == "cuda":
-            try:
-                torch.cuda.synchronize()
-            except Exception as e2:  # noqa: BLE001
-                return f"{desc}: raised {type(e).__name__}, then CUDA reported {str(e2).splitlines()[0][:160]}"
-        if verbose:
-            print("  ", type(e).__name__, str(e).splitlines()[0][:200])
-        return None
+        what = f"raised {type(e).__name__}: {str(e).splitlines()[0][:160]}"
     except Exception as e:  # noqa: BLE001
         return f"{desc}: {type(e).__name__} (not an argument error): {str(e).splitlines()[0][:200]}"
-    if device == "cuda":
+    if device == "cuda":  # the op's kernels must not have faulted, whichever way it returned
         try:
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001
-            return f"{desc}: accepted, then CUDA reported {str(e).splitlines()[0][:200]}"
+            return f"{desc}: {what.split(':')[0]}, then CUDA reported {str(e).splitlines()[0][:160]}"
     if verbose:
-        print("   accepted")
+        print("  ", what)
     return None
 
 
@@ -163,6 +157,7 @@ def child(seeds, device, verbose):
     """Runs `seeds` in this process; prints FAIL lines and 'DONE k' after each trial."""
     torch.manual_seed(0)
     for s in seeds:
+        print("START", s, flush=True)
         try:
             why = run_trial(s, device, verbose)
         except Exception:  # noqa: BLE001 (building the valid arguments failed: the harness's bug)
@@ -180,6 +175,7 @@ def main():
     p.add_argument("--seeds", type=int, nargs="*")
     p.add_argument("--batch", type=int, default=200, help="trials per child process")
     p.add_argument("--budget", type=float, default=0)
+    p.add_argument("--batch-timeout", type=float, default=120, help="seconds a child process may take")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -192,18 +188,24 @@ def main():
         batch = seeds[:args.batch]
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--device", args.device, "--seeds",
                *map(str, batch)] + (["--verbose"] if args.verbose else [])
-        pr = subprocess.run(cmd, capture_output=True, text=True)
-        ran = [int(line.split()[1]) for line in pr.stdout.splitlines() if line.startswith("DONE ")]
-        for line in pr.stdout.splitlines():
+        try:
+            pr = subprocess.run(cmd, capture_output=True, text=True, timeout=args.batch_timeout)
+            stdout, stderr, code = pr.stdout, pr.stderr, pr.returncode
+        except subprocess.TimeoutExpired as e:  # a trial that never returns is a finding too
+            stdout, stderr = e.stdout or "", e.stderr or ""
+            stdout, stderr = (v.decode(errors="replace") if isinstance(v, bytes) else v for v in (stdout, stderr))
+            code = f"none: no answer within {args.batch_timeout:.0f} s, killed"
+        ran = [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("DONE ")]
+        for line in stdout.splitlines():
             if line.startswith("FAIL"):
                 failures.append(line[5:])
                 print(line, flush=True)
-            elif args.verbose and not line.startswith("DONE"):
+            elif args.verbose and not line.startswith(("DONE", "START")):
                 print(line)
         done += len(ran)
-        if pr.returncode != 0:  # the trial after the last DONE killed the process
+        if code != 0:  # the trial after the last DONE killed the process, or never returned
             dead = batch[len(ran)] if len(ran) < len(batch) else None
-            msg = f"seed {dead}: the process died (return code {pr.returncode}): {pr.stderr.strip()[-300:]}"
+            msg = f"seed {dead}: the process died (return code {code}): {stderr.strip()[-300:]}"
             failures.append(msg)
             print("FAIL", msg, flush=True)
             done += 1

@@ -17,12 +17,10 @@ weight, bias and residual, with a float64 nn.BatchNorm1d holding the same parame
     python tools/fuzz_norm.py --seeds 12 --verbose
 """
 
-import argparse
 import copy
 import os
 import random
 import sys
-import time
 import traceback
 
 import torch
@@ -31,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torchsp  # noqa: E402
+import _fuzz  # noqa: E402
 
 # max |a - e| / max |e| of outputs and gradients, by the data's dtype (one rounding of O(1) values,
 # and float32 statistics of data up to 1e3 spreads off zero)
@@ -201,28 +200,7 @@ def run_trial(seed, device, verbose=False):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--trials", type=int, default=200)
-    p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--seeds", type=int, nargs="*", help="replay these trials instead")
-    p.add_argument("--budget", type=float, default=0, help="stop after this many seconds (0: none)")
-    p.add_argument("--verbose", action="store_true")
-    args = p.parse_args()
-    seeds = args.seeds if args.seeds else range(args.first_seed, args.first_seed + args.trials)
-    t0, done, failures = time.time(), 0, []
-    for s in seeds:
-        if args.budget and time.time() - t0 > args.budget:
-            break
-        why = run_trial(s, args.device, args.verbose)
-        done += 1
-        if why is not None:
-            failures.append(why)
-            print("FAIL", why, flush=True)
-        if done % 100 == 0:
-            print(f"fuzz_norm: {done} trials, {len(failures)} failed, {time.time() - t0:.0f} s", flush=True)
-    print(f"fuzz_norm: {done} trials on {args.device} in {time.time() - t0:.0f} s, {len(failures)} failed")
-    sys.exit(1 if failures else 0)
+    _fuzz.main("fuzz_norm", __doc__, run_trial)
 
 
 if __name__ == "__main__":
