@@ -224,6 +224,21 @@ def test_max_pool_matches_dense(kernel, stride, padding):
         assert int(torch.isfinite(dense[:, 0]).sum()) == y.coords.shape[0]
 
 
+def test_pooling_of_windows_with_no_site(device):
+    """Floor rule, kernel (3, 1, 3) dilated by 2, stride 2, on sites with odd x and z: every
+    output window misses the inputs floored to it.  Max pooling gives 0 there (it gave -inf),
+    average pooling 0 with each count rule, and the gradients are 0."""
+    c = torch.tensor([[0, 1, 0, 1], [0, 1, 3, 1], [0, 3, 0, 5], [1, -1, 2, 7]], dtype=torch.int32, device=device)
+    feats = torch.randn(4, 3, dtype=torch.float64, device=device, requires_grad=True)
+    x = torchsp.SparseTensor(feats, c)
+    kw = dict(kernel_size=(3, 1, 3), stride=2, dilation=2, rule="floor")
+    outs = [spnn.max_pool3d(x, **kw)] + [spnn.avg_pool3d(x, count=n, **kw) for n in ("present", "all", "none")]
+    for y in outs:
+        assert y.feats.shape[0] > 0 and torch.equal(y.feats, torch.zeros_like(y.feats))
+    sum(y.feats.sum() for y in outs).backward()
+    assert torch.equal(feats.grad, torch.zeros_like(feats))
+
+
 @pytest.mark.parametrize("kernel, stride, padding", POOL_CASES[:3])
 @pytest.mark.parametrize("count", ["all", "present", "none"])
 def test_avg_pool_matches_dense(kernel, stride, padding, count):

@@ -44,6 +44,10 @@ def _pool(input, kernel_size, stride, padding, dilation, rule, mode, count):
         out = padded[idx[:, 0]]
         for k in range(1, v):
             out = torch.maximum(out, padded[idx[:, k]])
+        # A window with no occupied site (a floor-rule output whose dilated offsets miss the
+        # inputs floored to it) gives 0, as global_max_pool gives an empty item: not -inf, which
+        # a next layer would turn into NaN.
+        out = torch.where((nbmap >= 0).any(1, keepdim=True), out, torch.zeros_like(out))
     else:
         padded, idx = _gather_rows(feats, nbmap, 0.0)
         out = padded[idx[:, 0]]
@@ -62,7 +66,8 @@ def _pool(input, kernel_size, stride, padding, dilation, rule, mode, count):
 def max_pool3d(input, kernel_size, stride=None, padding=None, dilation=1, rule="active"):
     """Max over the occupied sites of each output's kernel window.
 
-    y[q] = max_{k : q + delta_k occupied} x[q + delta_k]
+    y[q] = max_{k : q + delta_k occupied} x[q + delta_k], or 0 where no site of the window is
+    occupied (possible with rule="floor" and a dilated or strided-past kernel).
 
     Args:
         input: SparseTensor, feats [N, C].
