@@ -6,7 +6,9 @@ dtype, bias and three algos (fwd, dgrad, wgrad) from the whole space the ops acc
 forward and backward, and checks the output coordinates against the reference's site rules and
 y, dx, dw against float64 gather sums on the slow reference map, with CUDA workspaces poisoned
 with NaN.  The seeds are fixed, so a failure names a trial that `tools/fuzz_conv.py --seeds S
---verbose` replays; the tool runs thousands more on the GPU.
+--verbose` replays; the tool runs thousands more on the GPU.  The compile seeds run the same
+trials through torch.compile(fullgraph=True) (`tools/fuzz_conv.py --compile`): the fake kernels,
+data-dependent sizes and traced arguments on every geometry.
 """
 
 import os
@@ -22,6 +24,8 @@ import fuzz_norm  # noqa: E402
 
 CPU_SEEDS = range(0, 48)
 CUDA_SEEDS = range(0, 160)
+COMPILE_CPU_SEEDS = range(1000, 1016)
+COMPILE_CUDA_SEEDS = range(1000, 1040)
 
 
 @pytest.mark.parametrize("seed", CPU_SEEDS)
@@ -38,6 +42,25 @@ def test_fuzz_cuda(seed):
     torch.backends.cuda.matmul.allow_tf32 = False  # exact float32 unless the trial's tile asks for tf32
     try:
         why = fuzz_conv.run_trial(seed, "cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert why is None, why
+
+
+@pytest.mark.parametrize("seed", COMPILE_CPU_SEEDS)
+def test_fuzz_compile_cpu(seed):
+    why = fuzz_conv.run_trial(seed, "cpu", compile=True)
+    assert why is None, why
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("seed", COMPILE_CUDA_SEEDS)
+def test_fuzz_compile_cuda(seed):
+    import torch
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        why = fuzz_conv.run_trial(seed, "cuda", compile=True)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     assert why is None, why

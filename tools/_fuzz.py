@@ -1,8 +1,8 @@
 """The command line and trial loop the random-input tools share (tools/fuzz_conv.py, fuzz_norm.py).
 
-Each tool has run_trial(seed, device, verbose) -> None (passed) or a one-line reason; this runs a
-range of seeds (or the ones given) within a time budget, prints each failure as it comes and a
-count every 100 trials, and exits 1 when any trial failed.
+Each tool has run_trial(seed, device, verbose, **flags) -> None (passed) or a one-line reason; this
+runs a range of seeds (or the ones given) within a time budget, prints each failure as it comes
+and a count every 100 trials, and exits 1 when any trial failed.
 """
 
 import argparse
@@ -12,8 +12,9 @@ import time
 import torch
 
 
-def main(name, doc, run_trial, default_trials=200):
-    """Parse the tool's arguments and run its trials (see the module docstring)."""
+def main(name, doc, run_trial, default_trials=200, options=None):
+    """Parse the tool's arguments and run its trials (see the module docstring).  options: {flag:
+    help} of the tool's own on/off switches, passed to run_trial as keyword arguments."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--trials", type=int, default=default_trials)
@@ -21,18 +22,21 @@ def main(name, doc, run_trial, default_trials=200):
     p.add_argument("--seeds", type=int, nargs="*", help="replay these trials instead")
     p.add_argument("--budget", type=float, default=0, help="stop after this many seconds (0: none)")
     p.add_argument("--verbose", action="store_true")
+    for flag, text in (options or {}).items():
+        p.add_argument("--" + flag.replace("_", "-"), action="store_true", help=text)
     args = p.parse_args()
+    flags = {flag: getattr(args, flag) for flag in options or {}}
     seeds = args.seeds if args.seeds else range(args.first_seed, args.first_seed + args.trials)
     t0, done, failures = time.time(), 0, []
     for s in seeds:
         if args.budget and time.time() - t0 > args.budget:
             break
-        why = run_trial(s, args.device, args.verbose)
+        why = run_trial(s, args.device, args.verbose, **flags)
         done += 1
         if why is not None:
             failures.append(why)
             print("FAIL", why, flush=True)
         if done % 100 == 0:
             print(f"{name}: {done} trials, {len(failures)} failed, {time.time() - t0:.0f} s", flush=True)
-    print(f"{name}: {done} trials on {args.device} in {time.time() - t0:.0f} s, {len(failures)} failed")
+    print(f"{name}: {done} trials on {args.device}{''.join(' --' + f for f, on in flags.items() if on)} in {time.time() - t0:.0f} s, {len(failures)} failed")
     sys.exit(1 if failures else 0)

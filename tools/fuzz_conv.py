@@ -28,11 +28,18 @@ CUDA workspace memory is filled with NaN before each trial (tests/conftest.py po
 A trial fails on an exception, a NaN, wrong coordinates, or a relative error (max |a - e| /
 max |e|) above its dtype's bound; the seed of each failure is printed and `--seeds` replays it.
 
+With --compile every trial runs its call through torch.compile(fullgraph=True) instead (a fresh
+compile per trial, backward through the compiled graph's registered autograd): the fake kernels'
+output shapes, the data-dependent sizes and the traced algo and plan arguments then meet the
+same geometry, dtypes and views as the eager trials, against the same references.
+
     python tools/fuzz_conv.py --trials 500                 # CUDA when present, else CPU
     python tools/fuzz_conv.py --device cpu --trials 50
     python tools/fuzz_conv.py --seeds 17 230 --verbose     # replay two trials
+    python tools/fuzz_conv.py --compile --trials 100       # through torch.compile(fullgraph=True)
 """
 
+import contextlib
 import os
 import random
 import sys
@@ -48,7 +55,7 @@ import torchsp  # noqa: E402
 import _fuzz  # noqa: E402
 import reference as ref  # noqa: E402
 from cases import Case, build, expected_coords, kmap_args  # noqa: E402
-from conftest import crop_voxels, load_lidar, poison_cuda_cache, randn, rel_err  # noqa: E402
+from conftest import crop_voxels, dynamic_output_shapes, load_lidar, poison_cuda_cache, randn, rel_err  # noqa: E402
 from torchsp.geometry import BATCH_MAX  # noqa: E402
 
 # max |a - e| / max |e| per dtype, over sums of up to 125 x 384 products that may cancel (float32:
@@ -188,13 +195,29 @@ def strided_copy(t, how):
     return t.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
-def run_trial(seed, device, verbose=False):
-    """None when trial `seed` passes, else a one-line reason."""
+def no_compile_caches():
+    """A context in which torch.compile reads no compiled forward and backward from AOTAutograd's
+    cache: a trial must compile this tree's code.  That cache keys a graph by its forward and
+    does not hash a custom op's registered backward (pytorch#144344), so an edit to
+    torchsp/_autograd.py went unseen by trials compiled before it (here, 2026-11-29).  Inductor's
+    own graph cache hashes the traced graphs and stays on.  The backward compiles at its first
+    call, so the context spans it too."""
+    import torch._functorch.config as functorch_config
+
+    if not hasattr(functorch_config, "enable_autograd_cache"):  # torch < 2.5: no such cache
+        return contextlib.nullcontext()
+    return functorch_config.patch(enable_autograd_cache=False)
+
+
+def run_trial(seed, device, verbose=False, compile=False):
+    """None when trial `seed` passes, else a one-line reason.  compile: the call runs through
+    torch.compile(fullgraph=True) (dynamo's caches reset first), forward and backward."""
     t = draw(seed, device)
     case, dtype, cin, cout, algo = t["case"], t["dtype"], t["cin"], t["cout"], t["algo"]
     mode, layout, amp = t["mode"], t["layout"], t["amp"]
     desc = (f"seed {seed}: {case} cin {cin} cout {cout} {dtype} algo {algo} bias {t['bias']} {mode} {layout}"
-            f"{f' autocast {amp}' if amp is not None else ''}{' real scan crop' if t['coords'] is not None else ''}")
+            f"{f' autocast {amp}' if amp is not None else ''}{' real scan crop' if t['coords'] is not None else ''}"
+            f"{' compiled' if compile else ''}")
     if verbose:
         print(desc)
     if device == "cuda":
@@ -214,30 +237,41 @@ def run_trial(seed, device, verbose=False):
     wg.requires_grad_(train)
     dy = None
 
+    def conv(x, feats, weight):
+        return torchsp.functional.sparse_conv3d(x.replace(feats), weight, case.kernel, b, stride=case.stride,
+                                                padding=case.padding, dilation=case.dilation,
+                                                transposed=case.transposed, generative=case.generative,
+                                                rule=case.rule, algo=algo)
+    caches = contextlib.nullcontext()
+    if compile:
+        import torch._dynamo
+        torch._dynamo.reset()
+        conv = torch.compile(conv, fullgraph=True)
+        caches = no_compile_caches()
+
     def call():
-        with torch.autocast("cuda", dtype=amp, enabled=amp is not None), torch.set_grad_enabled(train):
-            return torchsp.functional.sparse_conv3d(x.replace(xf), wg, case.kernel, b, stride=case.stride,
-                                                    padding=case.padding, dilation=case.dilation,
-                                                    transposed=case.transposed, generative=case.generative,
-                                                    rule=case.rule, algo=algo)
-    try:
-        y = call()
-        if mode == "repeat":  # the second call takes the memos (functional._Repeat, the tuner's)
-            y1 = y.feats.detach().clone()
+        with torch.autocast("cuda", dtype=amp, enabled=amp is not None), torch.set_grad_enabled(train), \
+                dynamic_output_shapes():
+            return conv(x, xf, wg)
+    with caches:
+        try:
             y = call()
-            if algo is not None and not torch.equal(y.feats, y1):
-                return f"{desc}: a repeated call gave other values"
-        if train:
-            dy = randn(y.feats.shape[0], cout, seed=seed + 13, dtype=y.feats.dtype, device=device)
-            if layout in ("dy_view", "dy_expand"):
-                dy = strided_copy(dy, "t" if layout == "dy_view" else "expand")
-            y.feats.backward(dy)
-        if device == "cuda":
-            torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 (every exception is a finding here)
-        if verbose:
-            traceback.print_exc()
-        return f"{desc}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            if mode == "repeat":  # the second call takes the memos (functional._Repeat, the tuner's)
+                y1 = y.feats.detach().clone()
+                y = call()
+                if algo is not None and not torch.equal(y.feats, y1):
+                    return f"{desc}: a repeated call gave other values"
+            if train:
+                dy = randn(y.feats.shape[0], cout, seed=seed + 13, dtype=y.feats.dtype, device=device)
+                if layout in ("dy_view", "dy_expand"):
+                    dy = strided_copy(dy, "t" if layout == "dy_view" else "expand")
+                y.feats.backward(dy)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 (every exception is a finding here)
+            if verbose:
+                traceback.print_exc()
+            return f"{desc}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     if amp is not None and y.feats.dtype != amp:
         return f"{desc}: autocast {amp} gave {y.feats.dtype} features"
     # Output coordinates: the reference's site rules, compared as sets (order is the library's).
@@ -278,7 +312,8 @@ def run_trial(seed, device, verbose=False):
 
 def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 exact unless a trial's tile asks for tf32
-    _fuzz.main("fuzz_conv", __doc__, run_trial)
+    _fuzz.main("fuzz_conv", __doc__, run_trial,
+               options={"compile": "run each call through torch.compile(fullgraph=True)"})
 
 
 if __name__ == "__main__":
