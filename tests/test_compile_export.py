@@ -344,3 +344,52 @@ def test_cuda_graph_capture(tile, cin, cout):
     xd, dyd = x.cpu().double(), dy.cpu().double()
     want_dw = torch.stack([(xd[nb[:, k].clamp_min(0)] * (nb[:, k] >= 0)[:, None]).T @ dyd for k in range(27)])
     assert rel_err(outs[2], want_dw) <= 5e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("regime", ["strided", "floor", "generative"])
+@pytest.mark.parametrize("algo", [[1, 0, 0, 0], [2, 0, 0, 1], [4, 0, 0, 25], [5, 0, 0, 30], [0, 0, 2, 0]])
+def test_compile_segmented_algo_on_data_dependent_rows(regime, algo):
+    """torch.compile(fullgraph=True) of a layer whose output row count is data-dependent (strided
+    active-site or floor rule, generative), with an algo whose CUDA passes run segmented plans
+    (weight-stationary, hybrid, gather-GEMM-scatter, density split, split-K) as a user's fixed
+    algo or the tuner's cached choice passes it: traced code takes the plain pass without reading
+    that count.  It stopped with "Could not guard on data-dependent expression" before
+    (torchsp/plan.py pass_plan, 2026-11-29).  Forward and backward, fp16, against eager and the
+    fp64 dense reference."""
+    import torch._dynamo
+
+    coords = random_coords(900, span=9, batches=2, seed=31).cuda()
+    n, cin, cout = coords.shape[0], 32, 48
+    k = 3 if regime != "generative" else (3, 1, 3)
+    stride = 2 if regime != "generative" else 1
+    kw = dict(stride=stride, rule="floor" if regime == "floor" else "active",
+              generative=regime == "generative", algo=(algo, algo, [0, 0, 0, 0]))
+    x = torchsp.SparseTensor(randn(n, cin, dtype=torch.float16, device="cuda", seed=32), coords)
+    v = 27 if regime != "generative" else 9
+    w = randn(v, cin, cout, dtype=torch.float16, device="cuda", seed=33, scale=0.1)
+
+    def conv(x, feats, weight):
+        return torchsp.functional.sparse_conv3d(x.replace(feats), weight, k, **kw)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, fullgraph=True)
+    outs = []
+    for fn in (conv, compiled):
+        f, wg = x.feats.clone().requires_grad_(), w.clone().requires_grad_()
+        with dynamic_output_shapes():
+            y = fn(x, f, wg)
+        dy = randn(y.feats.shape[0], cout, dtype=torch.float16, device="cuda", seed=34)
+        y.feats.backward(dy)
+        outs.append((y.coords, y.feats.detach(), f.grad, wg.grad))
+    torch._dynamo.reset()
+    (ce, ye, dxe, dwe), (cc, yc, dxc, dwc) = outs  # dy: the same seed both times
+    assert torch.equal(ce, cc)
+    for got, e in ((yc, ye), (dxc, dxe), (dwc, dwe)):
+        assert rel_err(got, e) <= 5e-3
+    # the float64 gather sums on the slow reference map, at the layer's output coordinates
+    nb = ref.kernel_map(coords.cpu(), ce.cpu(), k, 1, ref.default_padding(ref.triple(k), (1, 1, 1)), (1, 1, 1))
+    xd, wd, dyd = x.feats.cpu().double(), w.cpu().double(), dy.cpu().double()
+    assert rel_err(yc, ref.gather_conv(xd, nb, wd)) <= 5e-3
+    assert rel_err(dxc, ref.gather_conv(dyd, ref.transpose_map(nb, n), wd.transpose(1, 2))) <= 5e-3
+    assert rel_err(dwc, ref.gather_wgrad(xd, nb, dyd)) <= 5e-3

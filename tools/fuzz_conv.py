@@ -46,6 +46,7 @@ import sys
 import traceback
 
 import torch
+import torch._dynamo
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -244,7 +245,6 @@ def run_trial(seed, device, verbose=False, compile=False):
                                                 rule=case.rule, algo=algo)
     caches = contextlib.nullcontext()
     if compile:
-        import torch._dynamo
         torch._dynamo.reset()
         conv = torch.compile(conv, fullgraph=True)
         caches = no_compile_caches()

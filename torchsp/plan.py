@@ -142,8 +142,8 @@ def wgrad_pair_list(kmap, algo, dtype, c_in, c_out):
     the op builds it).
     """
     nb = kmap.nbmap
-    if (not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or nb.shape[0] == 0 or tracing()
-            or not wgmma_available(nb.device)):
+    if (not nb.is_cuda or dtype not in (torch.float16, torch.bfloat16) or tracing() or nb.shape[0] == 0
+            or not wgmma_available(nb.device)):  # tracing first: the row count may be data-dependent
         return None
     # Channel counts that are not multiples of 8 run zero-padded to them (csrc/cuda/conv.cu).
     c_in, c_out = -(-c_in // 8) * 8, -(-c_out // 8) * 8
@@ -254,8 +254,11 @@ def pass_plan(kmap, which, algo, geom, dtype=None, traced=None):
     """
     order = kmap.order if which == "fwd" else kmap.order_t
     nb = kmap.nbmap if which == "fwd" else kmap.nbmap_t
-    if (not segmented(algo) or not nb.is_cuda or nb.shape[1] > MAX_VOLUME or nb.shape[0] == 0
-            or not takes_segments(dtype, algo) or (tracing() if traced is None else traced)):
+    # Traced code takes the plain pass before any size is read: a strided or generative layer's
+    # row count is data-dependent there, and `== 0` on it stopped torch.compile (fullgraph) on CUDA
+    # with "Could not guard on data-dependent expression" (tools/fuzz_conv.py --compile).
+    if (not segmented(algo) or not nb.is_cuda or (tracing() if traced is None else traced)
+            or nb.shape[1] > MAX_VOLUME or nb.shape[0] == 0 or not takes_segments(dtype, algo)):
         return order, []
     # Dataflow 4 runs dataflow 1's plan (its grouping happens in the shim): one cache entry.
     key = (which, 1 if algo[0] == 4 else algo[0], algo[2] if algo[0] == 0 else 0,
