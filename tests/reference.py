@@ -339,6 +339,14 @@ def _occupancy_sites(coords, in_stride, kernel, stride, dilation, padding, trans
     t = triple(in_stride)
     if coords.shape[0] == 0:
         return torch.empty(0, 4, dtype=torch.int32)
+    # The grid's batch axis is dense: batch indices {0, 511} would make 512 grids (one such
+    # F.conv3d asked for 35 GB).  Sites never cross batches, so the batches present are
+    # numbered 0.. here and given their indices back at the end.
+    batch_ids, compact = torch.unique(coords[:, 0].long().cpu(), return_inverse=True)
+    if int(batch_ids[-1]) + 1 != batch_ids.numel():
+        c = torch.cat([compact.view(-1, 1), coords[:, 1:].long().cpu()], 1)
+        out = _occupancy_sites(c, in_stride, kernel, stride, dilation, padding, transposed)
+        return torch.cat([batch_ids[out[:, 0].long()].view(-1, 1).int(), out[:, 1:]], 1)
     margin = _margin(kernel, dilation, padding, stride)
     ones = torch.ones((1, 1) + kernel, dtype=torch.float64)
     if transposed:

@@ -375,15 +375,18 @@ def test_compile_segmented_algo_on_data_dependent_rows(regime, algo):
     torch._dynamo.reset()
     compiled = torch.compile(conv, fullgraph=True)
     outs = []
-    for fn in (conv, compiled):
+    for fn in (compiled, conv):
+        # a fresh tensor each time: a map the other call cached would enter the graph as a
+        # constant of static size, and the data-dependent count would never be traced
+        xs = torchsp.SparseTensor(x.feats, coords)
         f, wg = x.feats.clone().requires_grad_(), w.clone().requires_grad_()
         with dynamic_output_shapes():
-            y = fn(x, f, wg)
+            y = fn(xs, f, wg)
         dy = randn(y.feats.shape[0], cout, dtype=torch.float16, device="cuda", seed=34)
         y.feats.backward(dy)
         outs.append((y.coords, y.feats.detach(), f.grad, wg.grad))
     torch._dynamo.reset()
-    (ce, ye, dxe, dwe), (cc, yc, dxc, dwc) = outs  # dy: the same seed both times
+    (cc, yc, dxc, dwc), (ce, ye, dxe, dwe) = outs  # dy: the same seed both times
     assert torch.equal(ce, cc)
     for got, e in ((yc, ye), (dxc, dxe), (dwc, dwe)):
         assert rel_err(got, e) <= 5e-3
@@ -393,3 +396,30 @@ def test_compile_segmented_algo_on_data_dependent_rows(regime, algo):
     assert rel_err(yc, ref.gather_conv(xd, nb, wd)) <= 5e-3
     assert rel_err(dxc, ref.gather_conv(dyd, ref.transpose_map(nb, n), wd.transpose(1, 2))) <= 5e-3
     assert rel_err(dwc, ref.gather_wgrad(xd, nb, dyd)) <= 5e-3
+
+
+@pytest.mark.parametrize("rows", [2, 64, 129, 2500])
+def test_step_plan_len_proves_the_plan_holds_the_order(rows):
+    """A CUDA map's dgrad plan on a mirrored map is tile_steps(nbmap_t, plan[:n]) of the forward's
+    step plan (torchsp.kmap.mirror_plan); under torch.export with a dynamic row count n the slice
+    needs torch's symbolic shapes to prove step_plan_len(n, V) >= n, for every n, from the
+    formula alone.  With the padding written (n + 3) // 4 * 4 they could not: export of any
+    submanifold layer on CUDA failed with "Constraints violated" at some row counts (64 among
+    them; tools/fuzz_conv.py --export, 2026-11-29).  Traced here on the CPU with the formula the
+    fake kernel of tile_steps uses; the CUDA export fuzz seeds run the layer itself."""
+    from torchsp.kmap import step_plan_len
+
+    class Slice(torch.nn.Module):
+        def forward(self, x):
+            plan = x.new_empty((step_plan_len(x.shape[0], 27),))
+            return plan[:x.shape[0]].clone()
+
+    prog = torch.export.export(Slice(), (torch.randn(rows, 3),), strict=False,
+                               dynamic_shapes=({0: torch.export.Dim("n", min=2)},)).module()
+    assert prog(torch.randn(7, 3)).shape == (7,)
+    # the value is the C library's (csrc/torchsp.h tsp_tile_steps_len: order padded to 4, a
+    # record of 4 * ceil((2 V + 132) / 4) + 128 V words and a schedule word per 128-row tile)
+    for n in (0, 1, 2, 3, 4, 5, 127, 128, 129, 4097):
+        for v in (1, 8, 27, 63):
+            tiles = -(-n // 128)
+            assert step_plan_len(n, v) == -(-n // 4) * 4 + tiles * (-(-(2 * v + 132) // 4) * 4 + 128 * v + 1)

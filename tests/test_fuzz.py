@@ -8,7 +8,9 @@ y, dx, dw against float64 gather sums on the slow reference map, with CUDA works
 with NaN.  The seeds are fixed, so a failure names a trial that `tools/fuzz_conv.py --seeds S
 --verbose` replays; the tool runs thousands more on the GPU.  The compile seeds run the same
 trials through torch.compile(fullgraph=True) (`tools/fuzz_conv.py --compile`): the fake kernels,
-data-dependent sizes and traced arguments on every geometry.
+data-dependent sizes and traced arguments on every geometry; the export seeds through
+torch.export with a dynamic row count, the program then run on the input and on half its rows
+(`--export`).
 """
 
 import os
@@ -26,6 +28,8 @@ CPU_SEEDS = range(0, 48)
 CUDA_SEEDS = range(0, 160)
 COMPILE_CPU_SEEDS = range(1000, 1016)
 COMPILE_CUDA_SEEDS = range(1000, 1040)
+EXPORT_CPU_SEEDS = range(2000, 2024)
+EXPORT_CUDA_SEEDS = range(2000, 2060)
 
 
 @pytest.mark.parametrize("seed", CPU_SEEDS)
@@ -61,6 +65,25 @@ def test_fuzz_compile_cuda(seed):
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         why = fuzz_conv.run_trial(seed, "cuda", compile=True)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert why is None, why
+
+
+@pytest.mark.parametrize("seed", EXPORT_CPU_SEEDS)
+def test_fuzz_export_cpu(seed):
+    why = fuzz_conv.run_export_trial(seed, "cpu")
+    assert why is None, why
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("seed", EXPORT_CUDA_SEEDS)
+def test_fuzz_export_cuda(seed):
+    import torch
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        why = fuzz_conv.run_export_trial(seed, "cuda")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     assert why is None, why

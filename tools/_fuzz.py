@@ -8,6 +8,7 @@ and a count every 100 trials, and exits 1 when any trial failed.
 import argparse
 import sys
 import time
+import traceback
 
 import torch
 
@@ -31,7 +32,10 @@ def main(name, doc, run_trial, default_trials=200, options=None):
     for s in seeds:
         if args.budget and time.time() - t0 > args.budget:
             break
-        why = run_trial(s, args.device, args.verbose, **flags)
+        try:
+            why = run_trial(s, args.device, args.verbose, **flags)
+        except Exception:  # noqa: BLE001 (the trial's own checks raised: the harness's bug, or memory)
+            why = f"seed {s}: harness error {traceback.format_exc().splitlines()[-1][:300]}"
         done += 1
         if why is not None:
             failures.append(why)

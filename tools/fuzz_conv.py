@@ -33,13 +33,22 @@ compile per trial, backward through the compiled graph's registered autograd): t
 output shapes, the data-dependent sizes and the traced algo and plan arguments then meet the
 same geometry, dtypes and views as the eager trials, against the same references.
 
+With --export every trial exports its forward instead (torch.export.export(strict=False) of a
+module from (feats, coords, weight) to (y feats, y coords), the row count a dynamic dimension
+from 2 rows up) and runs the exported program on the trial's input and on a random half of its
+rows, each against the references (run_export_trial).  A transposed layer back to a cached finer
+tensor needs that tensor's history, which (feats, coords) inputs do not carry: those trials
+export the transposed generative layer of the same geometry instead.
+
     python tools/fuzz_conv.py --trials 500                 # CUDA when present, else CPU
     python tools/fuzz_conv.py --device cpu --trials 50
     python tools/fuzz_conv.py --seeds 17 230 --verbose     # replay two trials
     python tools/fuzz_conv.py --compile --trials 100       # through torch.compile(fullgraph=True)
+    python tools/fuzz_conv.py --export --trials 100        # torch.export, then the program on new rows
 """
 
 import contextlib
+import dataclasses
 import os
 import random
 import sys
@@ -310,10 +319,99 @@ def run_trial(seed, device, verbose=False, compile=False):
     return f"{desc}: {'; '.join(out)}" if out else None
 
 
+def reference_forward(case, x, fine, w, b):
+    """(expected output coordinates int32 [M, 4] on the CPU, float64 y [M, Cout] on x's device) of
+    the trial's layer on SparseTensor x, from tests/reference.py alone."""
+    want_c = expected_coords(case, x.coords, fine)
+    step, sign = kmap_args(case)
+    pad = case.padding if case.padding is not None else ref.default_padding(ref.triple(case.kernel),
+                                                                             ref.triple(case.dilation))
+    nbmap = ref.kernel_map(x.coords.cpu(), want_c, case.kernel, case.dilation, pad, step, sign)
+    return want_c, ref.gather_conv(x.feats, nbmap.to(x.feats.device), w, b)
+
+
+def run_export_trial(seed, device, verbose=False):
+    """None when trial `seed` passes through torch.export (module docstring), else a reason."""
+    t = draw(seed, device)
+    case, dtype, cin, cout, algo = t["case"], t["dtype"], t["cin"], t["cout"], t["algo"]
+    if case.transposed and not case.generative:
+        case = dataclasses.replace(case, name=case.name + "_as_trgen", generative=True, down=None)
+    desc = (f"seed {seed}: {case} cin {cin} cout {cout} {dtype} algo {algo} bias {t['bias']} {t['layout']}"
+            f"{' real scan crop' if t['coords'] is not None else ''} exported")
+    if verbose:
+        print(desc)
+    if device == "cuda":
+        poison_cuda_cache()
+    x, fine = build(case, cin, device, dtype, seed=seed, coords=t["coords"])
+    vol = case.volume()
+    w = randn(vol, cin, cout, seed=seed + 11, dtype=dtype, device=device, scale=1.0 / max(1, cin * vol) ** 0.5)
+    b = randn(cout, seed=seed + 12, dtype=dtype, device=device) if t["bias"] else None
+    xf = strided_copy(x.feats, "cols") if t["layout"] == "feats_view" else x.feats
+    wg = strided_copy(w, "t") if t["layout"] == "weight_view" else w
+    in_stride = x.stride
+
+    class Layer(torch.nn.Module):
+        def forward(self, feats, coords, weight):
+            y = torchsp.functional.sparse_conv3d(torchsp.SparseTensor(feats, coords, in_stride), weight,
+                                                 case.kernel, b, stride=case.stride, padding=case.padding,
+                                                 dilation=case.dilation, transposed=case.transposed,
+                                                 generative=case.generative, rule=case.rule, algo=algo)
+            return y.feats, y.coords
+
+    n = x.coords.shape[0]
+    half = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: n // 2].sort().values.to(device)
+    try:
+        rows = torch.export.Dim("rows", min=2) if n >= 2 else None  # 0 and 1 rows specialise
+        shapes = ({0: rows}, {0: rows}, None) if rows is not None else None
+        with torch.no_grad(), dynamic_output_shapes():
+            prog = torch.export.export(Layer(), (xf, x.coords, wg), dynamic_shapes=shapes, strict=False).module()
+            runs = [(x, prog(xf, x.coords, wg))]
+            if rows is not None and half.numel() >= 2:
+                xh = torchsp.SparseTensor(x.feats[half], x.coords[half], in_stride)
+                runs.append((xh, prog(xh.feats, xh.coords, wg)))
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 (every exception is a finding here)
+        if verbose:
+            traceback.print_exc()
+        return f"{desc}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    out = []
+    for (xi, (yf, yc)), which in zip(runs, ("all rows", "half the rows")):
+        want_c, want_y = reference_forward(case, xi, fine, w, b)
+        if yc.shape[0] != want_c.shape[0] or not torch.equal(torch.unique(yc.cpu().long(), dim=0),
+                                                              torch.unique(want_c.long(), dim=0)):
+            out.append(f"{which}: output coordinates differ ({yc.shape[0]} rows against {want_c.shape[0]})")
+            continue
+        # the reference's rows in the program's order
+        order = _row_order(yc.cpu(), want_c)
+        want_y = want_y[order.to(want_y.device)]
+        if yf.shape != want_y.shape or not torch.isfinite(yf).all():
+            out.append(f"{which}: y shape {tuple(yf.shape)} or non-finite values")
+            continue
+        err, tol = rel_err(yf, want_y), tolerance(dtype, algo, 0)
+        if verbose:
+            print(f"  y ({which}): rel err {err:.2e} (bound {tol:.0e})")
+        if err > tol:
+            out.append(f"{which}: y rel err {err:.2e} > {tol:.0e}")
+    return f"{desc}: {'; '.join(out)}" if out else None
+
+
+def _row_order(got, want):
+    """int64 [M]: for each row of got (int [M, 4]), the index of the equal row of want."""
+    both = torch.cat([got.long(), want.long()])
+    _, inv = torch.unique(both, dim=0, return_inverse=True)
+    pos = torch.empty(want.shape[0], dtype=torch.int64)
+    pos[inv[got.shape[0]:]] = torch.arange(want.shape[0])
+    return pos[inv[: got.shape[0]]]
+
+
 def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 exact unless a trial's tile asks for tf32
-    _fuzz.main("fuzz_conv", __doc__, run_trial,
-               options={"compile": "run each call through torch.compile(fullgraph=True)"})
+    export = "--export" in sys.argv
+    if export:
+        sys.argv.remove("--export")
+    _fuzz.main("fuzz_conv" + (" --export" if export else ""), __doc__, run_export_trial if export else run_trial,
+               options={} if export else {"compile": "run each call through torch.compile(fullgraph=True)"})
 
 
 if __name__ == "__main__":

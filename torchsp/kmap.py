@@ -220,10 +220,14 @@ STEPS_ROWS = 128  # rows of a step plan's tile (csrc/torchsp.h, TSP_STEPS_ROWS)
 def step_plan_len(n, v):
     """Length of the step plan of an [n, v] map (csrc/torchsp.h, tsp_tile_steps_len): the order
     padded to a multiple of 4, a record per 128-row tile, a schedule word per tile.  Plain
-    integer arithmetic, so fake kernels may pass symbolic sizes."""
+    integer arithmetic, so fake kernels may pass symbolic sizes.  The padding is written
+    n + (-n) % 4 rather than (n + 3) // 4 * 4 (the same value) so that torch's symbolic shapes can
+    prove the plan at least n long: mirror_plan's plan[:n] otherwise added the guard
+    n <= 4 * ((n + 3) // 4) + ..., and torch.export with a dynamic row count failed on CUDA
+    ("Constraints violated", tools/fuzz_conv.py --export, 2026-11-29)."""
     tiles = (n + STEPS_ROWS - 1) // STEPS_ROWS
     head = (2 * v + 4 + STEPS_ROWS + 3) // 4 * 4
-    return (n + 3) // 4 * 4 + tiles * (head + STEPS_ROWS * v) + tiles
+    return n + (-n) % 4 + tiles * (head + STEPS_ROWS * v) + tiles
 
 
 def map_pairs(nbmap, bounded=False, rows=False):
