@@ -423,3 +423,78 @@ def test_step_plan_len_proves_the_plan_holds_the_order(rows):
         for v in (1, 8, 27, 63):
             tiles = -(-n // 128)
             assert step_plan_len(n, v) == -(-n // 4) * 4 + tiles * (-(-(2 * v + 132) // 4) * 4 + 128 * v + 1)
+
+
+def _fake_cuda_operands(rows, cin, cout, volume):
+    """(feats, coords, weight) as fake CUDA tensors (fp16, int32, fp16): torch.export traces the
+    CUDA branches of torchsp's Python through the fake kernels on any machine, GPU or not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    try:
+        with mode:
+            return (torch.empty(rows, cin, device="cuda", dtype=torch.float16),
+                    torch.empty(rows, 4, device="cuda", dtype=torch.int32),
+                    torch.empty(volume, cin, cout, device="cuda", dtype=torch.float16))
+    except (RuntimeError, AssertionError) as e:  # a torch whose fake tensors need a CUDA build
+        pytest.skip(f"fake CUDA tensors unavailable here: {e}")
+
+
+@pytest.mark.parametrize("regime", ["submanifold", "strided", "floor", "generative"])
+@pytest.mark.parametrize("algo", [[0, 0, 0, 0], [1, 0, 0, 0], [2, 0, 0, 1], [4, 0, 0, 25], [5, 0, 0, 30],
+                                  [0, 0, 2, 0]])
+def test_export_traces_the_cuda_path(regime, algo):
+    """torch.export (dynamic row count) of a layer on fake CUDA tensors, so CI without a GPU traces
+    what a GPU export traces: the CUDA map's step plans (tile_steps, and mirror_plan's slice on a
+    submanifold map) and the pass plans of every dataflow.  Two bugs stopped these exports on the
+    H200 (2026-11-29): step_plan_len's padding, which torch could not prove >= n
+    ("Constraints violated (rows)" at every submanifold layer), and pass_plan reading a
+    data-dependent row count before asking whether it was traced ("Could not guard on
+    data-dependent expression" with a segmented algo on strided, floor and generative layers).
+    Values are not computed here (fake tensors); tools/fuzz_conv.py --export runs them on a GPU."""
+    kw = dict(submanifold={}, strided=dict(stride=2), floor=dict(stride=2, rule="floor"),
+              generative=dict(generative=True))[regime]
+
+    class Layer(torch.nn.Module):
+        def forward(self, feats, coords, weight):
+            y = torchsp.functional.sparse_conv3d(torchsp.SparseTensor(feats, coords), weight, 3,
+                                                 algo=(algo, algo, [0, 0, 0, 0]), **kw)
+            return y.feats, y.coords
+
+    feats, coords, weight = _fake_cuda_operands(100, 16, 32, 27)
+    rows = torch.export.Dim("rows", min=2)
+    ep = torch.export.export(Layer(), (feats, coords, weight), dynamic_shapes=({0: rows}, {0: rows}, None),
+                             strict=False)
+    ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert "torchsp.tile_steps.default" in ops  # the CUDA map's step plan, not the CPU's mask order
+    assert "torchsp.conv_fwd.default" in ops
+    if regime != "submanifold":
+        assert "torchsp.out_coords.default" in ops
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_export_models_trace_the_cuda_path(name, monkeypatch):
+    """torch.export (N dynamic, eval, no grad) of a bundled model in fp16 on fake CUDA tensors:
+    the CUDA branches a GPU export takes, traced on any machine.  Before step_plan_len's fix
+    both models failed here with "Constraints violated (n)" (2026-11-29), as a GPU export of them
+    would have, while test_export_models, on the CPU path, passed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    if not torch.cuda.is_available():  # the tuner's lookup key names the device (no CUDA here)
+        monkeypatch.setattr(torchsp.tune, "_device_name", lambda device: "fake CUDA device")
+    with torch.device("meta"):
+        model = OnFeats(MODELS[name]()).half().eval().requires_grad_(False)
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    try:
+        with mode:
+            model = model.to_empty(device="cuda")
+            feats = torch.empty(500, 4, device="cuda", dtype=torch.float16)
+            coords = torch.empty(500, 4, device="cuda", dtype=torch.int32)
+    except (RuntimeError, AssertionError) as e:
+        pytest.skip(f"fake CUDA tensors unavailable here: {e}")
+    n = torch.export.Dim("n", min=2)
+    ep = torch.export.export(model, (feats, coords), dynamic_shapes=({0: n}, {0: n}), strict=False)
+    ops = {str(node.target) for node in ep.graph.nodes if node.op == "call_function"}
+    assert {"torchsp.tile_steps.default", "torchsp.conv_fwd.default", "torchsp.out_coords.default"} <= ops
