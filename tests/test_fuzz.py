@@ -38,16 +38,21 @@ def test_fuzz_cpu(seed):
     assert why is None, why
 
 
+def on_cuda(run, seed, **kw):
+    """run(seed, "cuda", **kw) with exact float32 matmuls unless the trial's tile asks for tf32."""
+    import torch
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return run(seed, "cuda", **kw)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("seed", CUDA_SEEDS)
 def test_fuzz_cuda(seed):
-    import torch
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # exact float32 unless the trial's tile asks for tf32
-    try:
-        why = fuzz_conv.run_trial(seed, "cuda")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    why = on_cuda(fuzz_conv.run_trial, seed)
     assert why is None, why
 
 
@@ -60,13 +65,7 @@ def test_fuzz_compile_cpu(seed):
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("seed", COMPILE_CUDA_SEEDS)
 def test_fuzz_compile_cuda(seed):
-    import torch
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        why = fuzz_conv.run_trial(seed, "cuda", compile=True)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    why = on_cuda(fuzz_conv.run_trial, seed, compile=True)
     assert why is None, why
 
 
@@ -79,13 +78,7 @@ def test_fuzz_export_cpu(seed):
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("seed", EXPORT_CUDA_SEEDS)
 def test_fuzz_export_cuda(seed):
-    import torch
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        why = fuzz_conv.run_export_trial(seed, "cuda")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    why = on_cuda(fuzz_conv.run_export_trial, seed)
     assert why is None, why
 
 

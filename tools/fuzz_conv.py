@@ -205,6 +205,27 @@ def strided_copy(t, how):
     return t.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
+def operands(case, t, seed, device):
+    """(x, fine, w, b) of trial `seed` (t: its draw): the input SparseTensor with fresh features
+    and the fine coordinates or None (tests/cases.py build), the weight [V, Cin, Cout] and the
+    bias [Cout] or None, in the trial's dtype.  CUDA workspace memory is poisoned first."""
+    if device == "cuda":
+        poison_cuda_cache()
+    cin, cout, dtype = t["cin"], t["cout"], t["dtype"]
+    x, fine = build(case, cin, device, dtype, seed=seed, coords=t["coords"])
+    vol = case.volume()
+    w = randn(vol, cin, cout, seed=seed + 11, dtype=dtype, device=device, scale=1.0 / max(1, cin * vol) ** 0.5)
+    b = randn(cout, seed=seed + 12, dtype=dtype, device=device) if t["bias"] else None
+    return x, fine, w, b
+
+
+def raised(desc, e, verbose):
+    """A trial's reason for the exception e it caught (its traceback printed when verbose)."""
+    if verbose:
+        traceback.print_exc()
+    return f"{desc}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
 def no_compile_caches():
     """A context in which torch.compile reads no compiled forward and backward from AOTAutograd's
     cache: a trial must compile this tree's code.  That cache keys a graph by its forward and
@@ -230,12 +251,7 @@ def run_trial(seed, device, verbose=False, compile=False):
             f"{' compiled' if compile else ''}")
     if verbose:
         print(desc)
-    if device == "cuda":
-        poison_cuda_cache()
-    x, fine = build(case, cin, device, dtype, seed=seed, coords=t["coords"])
-    vol = case.volume()
-    w = randn(vol, cin, cout, seed=seed + 11, dtype=dtype, device=device, scale=1.0 / max(1, cin * vol) ** 0.5)
-    b = randn(cout, seed=seed + 12, dtype=dtype, device=device) if t["bias"] else None
+    x, fine, w, b = operands(case, t, seed, device)
     train = mode != "nograd"
     xf = x.feats.detach().clone()
     wg = w.detach().clone()
@@ -278,9 +294,7 @@ def run_trial(seed, device, verbose=False, compile=False):
             if device == "cuda":
                 torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 (every exception is a finding here)
-            if verbose:
-                traceback.print_exc()
-            return f"{desc}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            return raised(desc, e, verbose)
     if amp is not None and y.feats.dtype != amp:
         return f"{desc}: autocast {amp} gave {y.feats.dtype} features"
     # Output coordinates: the reference's site rules, compared as sets (order is the library's).
@@ -340,12 +354,7 @@ def run_export_trial(seed, device, verbose=False):
             f"{' real scan crop' if t['coords'] is not None else ''} exported")
     if verbose:
         print(desc)
-    if device == "cuda":
-        poison_cuda_cache()
-    x, fine = build(case, cin, device, dtype, seed=seed, coords=t["coords"])
-    vol = case.volume()
-    w = randn(vol, cin, cout, seed=seed + 11, dtype=dtype, device=device, scale=1.0 / max(1, cin * vol) ** 0.5)
-    b = randn(cout, seed=seed + 12, dtype=dtype, device=device) if t["bias"] else None
+    x, fine, w, b = operands(case, t, seed, device)
     xf = strided_copy(x.feats, "cols") if t["layout"] == "feats_view" else x.feats
     wg = strided_copy(w, "t") if t["layout"] == "weight_view" else w
     in_stride = x.stride
@@ -372,9 +381,7 @@ def run_export_trial(seed, device, verbose=False):
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 (every exception is a finding here)
-        if verbose:
-            traceback.print_exc()
-        return f"{desc}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return raised(desc, e, verbose)
     out = []
     for (xi, (yf, yc)), which in zip(runs, ("all rows", "half the rows")):
         want_c, want_y = reference_forward(case, xi, fine, w, b)
