@@ -42,5 +42,6 @@ def main(name, doc, run_trial, default_trials=200, options=None):
             print("FAIL", why, flush=True)
         if done % 100 == 0:
             print(f"{name}: {done} trials, {len(failures)} failed, {time.time() - t0:.0f} s", flush=True)
-    print(f"{name}: {done} trials on {args.device}{''.join(' --' + f for f, on in flags.items() if on)} in {time.time() - t0:.0f} s, {len(failures)} failed")
+    switches = "".join(" --" + flag.replace("_", "-") for flag, on in flags.items() if on)
+    print(f"{name}: {done} trials on {args.device}{switches} in {time.time() - t0:.0f} s, {len(failures)} failed")
     sys.exit(1 if failures else 0)

@@ -240,9 +240,12 @@ def no_compile_caches():
     return functorch_config.patch(enable_autograd_cache=False)
 
 
-def run_trial(seed, device, verbose=False, compile=False):
+def run_trial(seed, device, verbose=False, compile=False, export=False):
     """None when trial `seed` passes, else a one-line reason.  compile: the call runs through
-    torch.compile(fullgraph=True) (dynamo's caches reset first), forward and backward."""
+    torch.compile(fullgraph=True) (dynamo's caches reset first), forward and backward; export:
+    run_export_trial instead."""
+    if export:
+        return run_export_trial(seed, device, verbose)
     t = draw(seed, device)
     case, dtype, cin, cout, algo = t["case"], t["dtype"], t["cin"], t["cout"], t["algo"]
     mode, layout, amp = t["mode"], t["layout"], t["amp"]
@@ -414,11 +417,9 @@ def _row_order(got, want):
 
 def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 exact unless a trial's tile asks for tf32
-    export = "--export" in sys.argv
-    if export:
-        sys.argv.remove("--export")
-    _fuzz.main("fuzz_conv" + (" --export" if export else ""), __doc__, run_export_trial if export else run_trial,
-               options={} if export else {"compile": "run each call through torch.compile(fullgraph=True)"})
+    _fuzz.main("fuzz_conv", __doc__, run_trial,
+               options={"compile": "run each call through torch.compile(fullgraph=True)",
+                        "export": "export each layer with torch.export and run the program (forward only)"})
 
 
 if __name__ == "__main__":
