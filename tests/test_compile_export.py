@@ -449,9 +449,10 @@ def test_export_traces_the_cuda_path(regime, algo):
     what a GPU export traces: the CUDA map's step plans (tile_steps, and mirror_plan's slice on a
     submanifold map) and the pass plans of every dataflow.  Two bugs stopped these exports on the
     H200 (2026-11-29): step_plan_len's padding, which torch could not prove >= n
-    ("Constraints violated (rows)" at every submanifold layer), and pass_plan reading a
-    data-dependent row count before asking whether it was traced ("Could not guard on
-    data-dependent expression" with a segmented algo on strided, floor and generative layers).
+    ("Constraints violated (rows)" at every submanifold layer with a mirrored map), and
+    pass_plan reading a data-dependent row count before asking whether it was traced ("Could not
+    guard on data-dependent expression" with a segmented algo on strided, floor and generative
+    layers).
     Values are not computed here (fake tensors); tools/fuzz_conv.py --export runs them on a GPU."""
     kw = dict(submanifold={}, strided=dict(stride=2), floor=dict(stride=2, rule="floor"),
               generative=dict(generative=True))[regime]
