@@ -425,20 +425,26 @@ def test_step_plan_len_proves_the_plan_holds_the_order(rows):
             assert step_plan_len(n, v) == -(-n // 4) * 4 + tiles * (-(-(2 * v + 132) // 4) * 4 + 128 * v + 1)
 
 
-def _fake_cuda_operands(rows, cin, cout, volume):
-    """(feats, coords, weight) as fake CUDA tensors (fp16, int32, fp16): torch.export traces the
-    CUDA branches of torchsp's Python through the fake kernels on any machine, GPU or not."""
+def _on_fake_cuda(make):
+    """make() run under a FakeTensorMode, so that the tensors it makes on "cuda" are fake CUDA
+    tensors (no values): torch.export traces the CUDA branches of torchsp's Python through the
+    fake kernels on any machine, GPU or not.  Skips where this torch's fake tensors need a
+    CUDA build."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    mode = FakeTensorMode(shape_env=ShapeEnv())
     try:
-        with mode:
-            return (torch.empty(rows, cin, device="cuda", dtype=torch.float16),
-                    torch.empty(rows, 4, device="cuda", dtype=torch.int32),
-                    torch.empty(volume, cin, cout, device="cuda", dtype=torch.float16))
-    except (RuntimeError, AssertionError) as e:  # a torch whose fake tensors need a CUDA build
+        with FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True):
+            return make()
+    except (RuntimeError, AssertionError) as e:
         pytest.skip(f"fake CUDA tensors unavailable here: {e}")
+
+
+def _fake_cuda_operands(rows, cin, cout, volume):
+    """(feats, coords, weight) as fake CUDA tensors (fp16, int32, fp16)."""
+    return _on_fake_cuda(lambda: (torch.empty(rows, cin, device="cuda", dtype=torch.float16),
+                                  torch.empty(rows, 4, device="cuda", dtype=torch.int32),
+                                  torch.empty(volume, cin, cout, device="cuda", dtype=torch.float16)))
 
 
 @pytest.mark.parametrize("regime", ["submanifold", "strided", "floor", "generative"])
@@ -480,21 +486,13 @@ def test_export_models_trace_the_cuda_path(name, monkeypatch):
     the CUDA branches a GPU export takes, traced on any machine.  Before step_plan_len's fix
     both models failed here with "Constraints violated (n)" (2026-11-29), as a GPU export of them
     would have, while test_export_models, on the CPU path, passed."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     if not torch.cuda.is_available():  # the tuner's lookup key names the device (no CUDA here)
         monkeypatch.setattr(torchsp.tune, "_device_name", lambda device: "fake CUDA device")
     with torch.device("meta"):
         model = OnFeats(MODELS[name]()).half().eval().requires_grad_(False)
-    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
-    try:
-        with mode:
-            model = model.to_empty(device="cuda")
-            feats = torch.empty(500, 4, device="cuda", dtype=torch.float16)
-            coords = torch.empty(500, 4, device="cuda", dtype=torch.int32)
-    except (RuntimeError, AssertionError) as e:
-        pytest.skip(f"fake CUDA tensors unavailable here: {e}")
+    model, feats, coords = _on_fake_cuda(lambda: (model.to_empty(device="cuda"),
+                                                  torch.empty(500, 4, device="cuda", dtype=torch.float16),
+                                                  torch.empty(500, 4, device="cuda", dtype=torch.int32)))
     n = torch.export.Dim("n", min=2)
     ep = torch.export.export(model, (feats, coords), dynamic_shapes=({0: n}, {0: n}), strict=False)
     ops = {str(node.target) for node in ep.graph.nodes if node.op == "call_function"}

@@ -300,17 +300,10 @@ def run_trial(seed, device, verbose=False, compile=False, export=False):
             return raised(desc, e, verbose)
     if amp is not None and y.feats.dtype != amp:
         return f"{desc}: autocast {amp} gave {y.feats.dtype} features"
-    # Output coordinates: the reference's site rules, compared as sets (order is the library's).
-    want_c = expected_coords(case, x.coords, fine)
-    # torch.unique(dim=0) sorts rows lexicographically with no key packing (a packed int64 key
-    # overflowed at batch indices >= 8); equal row counts keep duplicates from hiding.
-    got_s, want_s = torch.unique(y.coords.cpu().long(), dim=0), torch.unique(want_c.cpu().long(), dim=0)
-    if y.coords.shape[0] != want_c.shape[0] or not torch.equal(got_s, want_s):
-        return f"{desc}: output coordinates differ ({y.coords.shape[0]} rows against {want_c.shape[0]})"
-    step, sign = kmap_args(case)
-    pad = case.padding if case.padding is not None else ref.default_padding(ref.triple(case.kernel),
-                                                                             ref.triple(case.dilation))
-    nbmap = ref.kernel_map(x.coords.cpu(), y.coords.cpu(), case.kernel, case.dilation, pad, step, sign)
+    why = coords_differ(y.coords, expected_coords(case, x.coords, fine))
+    if why:
+        return f"{desc}: {why}"
+    nbmap = reference_map(case, x.coords, y.coords)
     rdev = x.feats.device
     checks = [("y", y.feats, ref.gather_conv(x.feats, nbmap.to(rdev), w, b), 0)]
     if train:
@@ -336,15 +329,24 @@ def run_trial(seed, device, verbose=False, compile=False, export=False):
     return f"{desc}: {'; '.join(out)}" if out else None
 
 
-def reference_forward(case, x, fine, w, b):
-    """(expected output coordinates int32 [M, 4] on the CPU, float64 y [M, Cout] on x's device) of
-    the trial's layer on SparseTensor x, from tests/reference.py alone."""
-    want_c = expected_coords(case, x.coords, fine)
+def coords_differ(got, want):
+    """None when the output coordinates `got` [M, 4] are the reference's `want` (its site rules)
+    as a set and in number, else a reason.  The order is the library's.  torch.unique(dim=0)
+    sorts rows lexicographically with no key packing (a packed int64 key overflowed at batch
+    indices >= 8); equal row counts keep duplicates from hiding."""
+    got_s, want_s = torch.unique(got.cpu().long(), dim=0), torch.unique(want.cpu().long(), dim=0)
+    if got.shape[0] != want.shape[0] or not torch.equal(got_s, want_s):
+        return f"output coordinates differ ({got.shape[0]} rows against {want.shape[0]})"
+    return None
+
+
+def reference_map(case, in_coords, out_coords):
+    """int64 [M, V] on the CPU: the slow reference map of the trial's layer from in_coords to
+    out_coords (tests/reference.py), whatever order out_coords come in."""
     step, sign = kmap_args(case)
     pad = case.padding if case.padding is not None else ref.default_padding(ref.triple(case.kernel),
                                                                              ref.triple(case.dilation))
-    nbmap = ref.kernel_map(x.coords.cpu(), want_c, case.kernel, case.dilation, pad, step, sign)
-    return want_c, ref.gather_conv(x.feats, nbmap.to(x.feats.device), w, b)
+    return ref.kernel_map(in_coords.cpu(), out_coords.cpu(), case.kernel, case.dilation, pad, step, sign)
 
 
 def run_export_trial(seed, device, verbose=False):
@@ -387,14 +389,11 @@ def run_export_trial(seed, device, verbose=False):
         return raised(desc, e, verbose)
     out = []
     for (xi, (yf, yc)), which in zip(runs, ("all rows", "half the rows")):
-        want_c, want_y = reference_forward(case, xi, fine, w, b)
-        if yc.shape[0] != want_c.shape[0] or not torch.equal(torch.unique(yc.cpu().long(), dim=0),
-                                                              torch.unique(want_c.long(), dim=0)):
-            out.append(f"{which}: output coordinates differ ({yc.shape[0]} rows against {want_c.shape[0]})")
+        why = coords_differ(yc, expected_coords(case, xi.coords, fine))
+        if why:
+            out.append(f"{which}: {why}")
             continue
-        # the reference's rows in the program's order
-        order = _row_order(yc.cpu(), want_c)
-        want_y = want_y[order.to(want_y.device)]
+        want_y = ref.gather_conv(xi.feats, reference_map(case, xi.coords, yc).to(xi.feats.device), w, b)
         if yf.shape != want_y.shape or not torch.isfinite(yf).all():
             out.append(f"{which}: y shape {tuple(yf.shape)} or non-finite values")
             continue
@@ -404,15 +403,6 @@ def run_export_trial(seed, device, verbose=False):
         if err > tol:
             out.append(f"{which}: y rel err {err:.2e} > {tol:.0e}")
     return f"{desc}: {'; '.join(out)}" if out else None
-
-
-def _row_order(got, want):
-    """int64 [M]: for each row of got (int [M, 4]), the index of the equal row of want."""
-    both = torch.cat([got.long(), want.long()])
-    _, inv = torch.unique(both, dim=0, return_inverse=True)
-    pos = torch.empty(want.shape[0], dtype=torch.int64)
-    pos[inv[got.shape[0]:]] = torch.arange(want.shape[0])
-    return pos[inv[: got.shape[0]]]
 
 
 def main():
