@@ -5,6 +5,7 @@ bundled models (training step and eval), torch.export of the models, and TorchSc
 Kept to a few compiles per device: CI has 2 cores.
 """
 
+import contextlib
 import copy
 import os
 import subprocess
@@ -440,6 +441,23 @@ def _on_fake_cuda(make):
         pytest.skip(f"fake CUDA tensors unavailable here: {e}")
 
 
+@contextlib.contextmanager
+def _tracing_fake_cuda():
+    """Around a trace over _on_fake_cuda's tensors: skips where this torch's tracer reaches for a
+    real CUDA device and none is present (torch 2.4's CUDA wheels on a host without a GPU raise
+    "CUDA driver version is insufficient for CUDA runtime version" at a fake tensor's slice).
+    Any other error, and any error where a GPU is present, fails the test."""
+    try:
+        yield
+    except RuntimeError as e:
+        if torch.cuda.is_available() or not any(m in str(e) for m in _NO_CUDA_DEVICE):
+            raise
+        pytest.skip(f"this torch traces fake CUDA tensors only with a CUDA device: {str(e).splitlines()[0]}")
+
+
+_NO_CUDA_DEVICE = ("CUDA driver version is insufficient", "Found no NVIDIA driver", "no CUDA GPUs are available")
+
+
 def _fake_cuda_operands(rows, cin, cout, volume):
     """(feats, coords, weight) as fake CUDA tensors (fp16, int32, fp16)."""
     return _on_fake_cuda(lambda: (torch.empty(rows, cin, device="cuda", dtype=torch.float16),
@@ -471,8 +489,9 @@ def test_export_traces_the_cuda_path(regime, algo):
 
     feats, coords, weight = _fake_cuda_operands(100, 16, 32, 27)
     rows = torch.export.Dim("rows", min=2)
-    ep = torch.export.export(Layer(), (feats, coords, weight), dynamic_shapes=({0: rows}, {0: rows}, None),
-                             strict=False)
+    with _tracing_fake_cuda():
+        ep = torch.export.export(Layer(), (feats, coords, weight), dynamic_shapes=({0: rows}, {0: rows}, None),
+                                 strict=False)
     ops = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
     assert "torchsp.tile_steps.default" in ops  # the CUDA map's step plan, not the CPU's mask order
     assert "torchsp.conv_fwd.default" in ops
@@ -494,6 +513,7 @@ def test_export_models_trace_the_cuda_path(name, monkeypatch):
                                                   torch.empty(500, 4, device="cuda", dtype=torch.float16),
                                                   torch.empty(500, 4, device="cuda", dtype=torch.int32)))
     n = torch.export.Dim("n", min=2)
-    ep = torch.export.export(model, (feats, coords), dynamic_shapes=({0: n}, {0: n}), strict=False)
+    with _tracing_fake_cuda():
+        ep = torch.export.export(model, (feats, coords), dynamic_shapes=({0: n}, {0: n}), strict=False)
     ops = {str(node.target) for node in ep.graph.nodes if node.op == "call_function"}
     assert {"torchsp.tile_steps.default", "torchsp.conv_fwd.default", "torchsp.out_coords.default"} <= ops

@@ -28,7 +28,7 @@ _UNSORTED = object()  # KernelMap: a row order not built yet
 # Passes of one direction a CUDA KernelMap serves before its step plan is rebuilt on the packed
 # row order (tile_steps(refine=True): csrc/cpu/tile_pack.c); None: never.  Why not at once: on an
 # H100 the packing costs 77-561 us of GPU per plan at 125-300k rows (lidar_198k) and saves 1-25
-# us of kernel time per pass against the plain mask order (README, sessions 30 and 32),
+# us of kernel time per pass against the plain mask order (docs/performance-log.md, sessions 30 and 32),
 # so a map that lives for one training step is better served by the plain mask order (session
 # 30, with a 45-70 us refinement: MinkUNet, batch 4, maps rebuilt per call, GPU time per step
 # 58.0 -> 58.8 ms with every plan refined).  A map reused across calls (a cached map, the fixed
@@ -221,13 +221,15 @@ def step_plan_len(n, v):
     """Length of the step plan of an [n, v] map (csrc/torchsp.h, tsp_tile_steps_len): the order
     padded to a multiple of 4, a record per 128-row tile, a schedule word per tile.  Plain
     integer arithmetic, so fake kernels may pass symbolic sizes.  The padding is written
-    n + (-n) % 4 rather than (n + 3) // 4 * 4 (the same value) so that torch's symbolic shapes can
-    prove the plan at least n long: mirror_plan's plan[:n] otherwise added the guard
+    n + 3 - (n + 3) % 4 rather than (n + 3) // 4 * 4 (the same value) so that torch's symbolic
+    shapes can prove the plan at least n long: mirror_plan's plan[:n] otherwise added the guard
     n <= 4 * ((n + 3) // 4) + ..., and torch.export with a dynamic row count failed on CUDA
-    ("Constraints violated", tools/fuzz_conv.py --export, 2026-11-29)."""
+    ("Constraints violated", tools/fuzz_conv.py --export, 2026-11-29).  Not n + (-n) % 4 either:
+    torch 2.4 could not bound a modulo of a negative size, and tracing the plan of a strided
+    layer's unbacked row count stopped at "Could not guard on data-dependent expression"."""
     tiles = (n + STEPS_ROWS - 1) // STEPS_ROWS
     head = (2 * v + 4 + STEPS_ROWS + 3) // 4 * 4
-    return n + (-n) % 4 + tiles * (head + STEPS_ROWS * v) + tiles
+    return n + 3 - (n + 3) % 4 + tiles * (head + STEPS_ROWS * v) + tiles
 
 
 def map_pairs(nbmap, bounded=False, rows=False):
