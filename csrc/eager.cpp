@@ -92,7 +92,7 @@ PyObject *py_conv_fwd(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 ** from torch's pool per call would be a different one each time (the pool
 ** hands its 32 out in turn), each with its own cached allocations of wgrad's
 ** workspace, and two events made and destroyed per backward add host time
-** (README, session 58). */
+** (docs/performance-log.md, session 58). */
 struct SideStream {
   c10::Stream stream;
   c10::Event fork, join;

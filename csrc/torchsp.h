@@ -549,7 +549,7 @@ tsp_status tsp_conv_wgrad_cuda(const tsp_conv_problem *prob, const void *x, cons
 ** the ReLU after it fused in (csrc/cpu/batch_norm_act.c, csrc/cuda/batch_norm_act.cu).
 ** Why: torch's BatchNorm1d on a sparse tensor's [N, C] features and the ReLU
 ** after it take 13 passes over the features per training step, at a fraction
-** of the copy rate (README, session 69: a quarter of a MinkUNet step's
+** of the copy rate (docs/performance-log.md, session 69: a quarter of a MinkUNet step's
 ** kernels); these passes take 8 (statistics 1, normalise 2, gradient sums 2,
 ** gradient 3), each at close to the copy rate.
 **

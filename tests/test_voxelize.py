@@ -36,7 +36,7 @@ def test_voxelize_real_scan():
     idx = torch.floor(pts / 0.1).long()  # same float32 arithmetic
     assert torch.equal(coords[inverse, 1:].long(), idx)
     assert torch.equal(coords[:, 1:].long(), torch.unique(idx, dim=0))
-    assert 9000 < coords.shape[0] < 11000  # README: 9,882 voxels at 0.1 m
+    assert 9000 < coords.shape[0] < 11000  # ../shared/data/README.md: 9,882 voxels at 0.1 m
 
 
 def test_voxelize_errors():

@@ -2,7 +2,7 @@
 """Whole models under torch.compile against eager calls, on new voxels every call.
 
 Why: a training loop or a stream of scans gives new coordinates every call, so every kernel map,
-output coordinate set and row plan is built again, and the eager call is host-bound (README,
+output coordinate set and row plan is built again, and the eager call is host-bound (docs/performance-log.md,
 2026-11-27: a MinkUNet training step on the H100 machine took ~40 ms of wall time for ~17 ms of
 GPU time). torch.compile(fullgraph=True) traces the whole model, map building included, into one
 graph with fewer launches and fused pointwise work; mode="reduce-overhead" also replays CUDA

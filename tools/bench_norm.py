@@ -4,7 +4,7 @@ through torch (nn.BatchNorm1d, then torch.relu: what torchsp.nn.BatchNorm and Re
 per call, beside the floor.
 
 Why: in a MinkUNet training step at batch 4 the batch norms took as long as the convolutions'
-forward and dgrad together (README, session 69); this times the layer that replaced them, on the
+forward and dgrad together (docs/performance-log.md, session 69); this times the layer that replaced them, on the
 real scan's row counts (examples/scan_data.py load_batch at --voxel-size, --batch items), for each
 channel count of --channels.
 

@@ -2,10 +2,10 @@
 """Energy per call of one bench.py layer's passes in the power-capped steady state (CUDA only).
 
 Why: at C = 256 an H100 / H200 runs at its board power limit within a second of sustained
-work (README, session 38: 690-694 W of 700, the SM clock down from 1980 MHz to ~1500), so a
+work (docs/performance-log.md, session 38: 690-694 W of 700, the SM clock down from 1980 MHz to ~1500), so a
 training loop's time per call is its energy per call over the limit, not its time on a rested
 GPU.  A change that moves or multiplies fewer values pays there even where a short timing loop
-shows nothing, and one that is faster rested can lose (README, session 59: ~45% of subm C =
+shows nothing, and one that is faster rested can lose (docs/performance-log.md, session 59: ~45% of subm C =
 256's forward energy depends on the operands' values, most of it on the weights').  This tool
 runs each case back to back for --seconds (the settle), then times --loops loops of --calls
 calls between one event pair, while `nvidia-smi` samples the SM clock and board power every

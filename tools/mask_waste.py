@@ -17,7 +17,7 @@ least a fraction d of the rows form one segment over all rows, the rarer ones a 
 over only the rows that have any of them, each segment mask-sorted by its own offsets.  The second segment's sums
 are added to the first's output: its rows' fp16 read-add-write (bytes printed) is the price.
 No kernel runs; this only counts tiles.  That split is now dataflow 5 (torchsp/plan.py), and on
-the H100 it is slower than the plain pass despite the products it saves (README: a tile's fixed
+the H100 it is slower than the plain pass despite the products it saves (docs/performance-log.md: a tile's fixed
 cost outweighs them), so read these counts as an upper bound on what a plan can remove.
 
     python tools/mask_waste.py                       # 0.05 m and 0.1 m, 64-row tiles

@@ -28,7 +28,7 @@ _functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda
 # An eager training call whose map entries x Cin x Cout reach this runs its backward's wgrad on a
 # side stream beside dgrad (csrc/eager.cpp on_two_streams; same kernels and sums), where each
 # pass's tail and wgrad's reduction can fill SMs the other leaves idle.  Set from measurement on
-# the H200 (README, session 58): of tools/bench.py's layers only subm C = 256 at 0.1 m (2.2e11)
+# the H200 (docs/performance-log.md, session 58): of tools/bench.py's layers only subm C = 256 at 0.1 m (2.2e11)
 # gained (fwd+bwd 924.5 -> 892.0 us); below it the fork, the join and the second stream cost the
 # host more than the overlap saved (up to +76 us a call, up2 C = 128).
 OVERLAP_ENTRIES = 1 << 36

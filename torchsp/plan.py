@@ -38,7 +38,7 @@ deterministic.  This module turns a pass's algorithm choice into a plan:
                      its rows with a rare one: the tiles compute ~1.23-1.27x the useful
                      row products instead of ~1.75-1.81x (tools/mask_waste.py), yet on the
                      H100 it is slower (C = 128 fwd 149.8 us at d = 20 against 117.6 plain):
-                     the second segment's tiles each pay a fixed cost (README).
+                     the second segment's tiles each pay a fixed cost (docs/performance-log.md).
 
 Plans are built once per KernelMap and pass (cached on it).  A segmented plan
 reads its pair list's offset counts on the host (one synchronisation per map), so

@@ -14,7 +14,7 @@
 ** computes per useful one fall from 1.78 (the decision tree of session 30
 ** that this replaces) to 1.69 for subm 3x3x3 at 0.1 m, 1.73 to 1.63 at 0.05 m
 ** and 2.07 to 1.90 for the stride-2 K = 3 forward, and the H100 main kernels
-** run 5-9% faster there (README, session 32).
+** run 5-9% faster there (docs/performance-log.md, session 32).
 **
 ** The rule, per window (entries at the order's positions [w W, w W + W), W =
 ** TSP_PACK_WINDOW; the last window may be shorter; a multiple of 128 so that
@@ -45,7 +45,7 @@
 **     1.841; H200 main kernels (CUDA graph replays, one process): subm C =
 **     128 fwd 92.3 -> 90.4 us, C = 256 fwd 316.9 -> 306.5 and dgrad 317.0 ->
 **     307.6 (settled, at the power cap), the C <= 64 passes within 1.5%
-**     (README, session 67).  Sets of three offsets took 0.1-0.3% more off, and
+**     (docs/performance-log.md, session 67).  Sets of three offsets took 0.1-0.3% more off, and
 **     ordering each tile's runs so that its two 64-row halves use fewer
 **     offsets (1.599 -> 1.578 at the halves) no time but 0.45 ms a plan;
 **   - the tile lists its entries run by run in increasing r, each run's next

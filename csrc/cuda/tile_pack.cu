@@ -34,7 +34,7 @@
 ** (session 67) packing and plan together took a little less time on the
 ** H200, despite the widening's extra barrier (fewer widenings a tile, most
 ** likely; not counted): subm 3x3x3 at 0.05 m 662 -> 619 us, at 0.1 m 684 ->
-** 637, the stride-2 K = 3 forward 507 -> 487 (README).
+** 637, the stride-2 K = 3 forward 507 -> 487 (docs/performance-log.md).
 */
 #include "conv_internal.cuh"
 
