@@ -40,9 +40,10 @@ kernels read only the columns their tiles use).  This gives DESIGN.md section 7'
 32- or 64-channel submanifold layer at 173k voxels; bench.py until session 68 counted the whole
 map (lidar_198k at 0.05 m, subm C = 32 / 64: 13.6 / 21.1 us against 8.2 / 15.6 now).  The lent
 H200 copies at ~4.2 TB/s (the header's copy rate), so memory-bound kernels can beat these floors.
-The header and the last lines also print the host floor (host_floor): torch.add of one element timed
-per call and pipelined as the layers are, at the start and at the end of the run, the least any
-call reads on that host then.
+The header and the last lines also print the host floors (host_floor), timed per call and pipelined
+as the layers are, at the start and at the end of the run: torch.add of one element, the least any
+call reads on that host then, and a one-element torch.nn.functional.linear's forward+backward into
+two leaves, the least a fwd+bwd call reads.
 torchsp is reported per dataflow in --algos ("0" output-stationary mask-sorted, "0u" unsorted,
 "1" weight-stationary fetch-on-demand, "2:T" hybrid with L1 threshold T (default 2),
 "a,b,c,d" any [dataflow, tile, split, threshold] (e.g. 0,0,2,0 mask splits, 0,9,0,0 wgmma,
@@ -240,26 +241,41 @@ def copy_rate(device, nbytes=1 << 30, iters=20):
     return 2 * nbytes / float(np.median(times))
 
 
-def host_floor(device, iters=200, warmup=20):
-    """(us per call, us per call pipelined) of torch.add on one element, timed as the layers are
-    (timeit, timeit_pipelined); None off CUDA.
+def host_floor(device, iters=200, warmup=20, zero_grad=False):
+    """Host floors on CUDA (None elsewhere), us, timed as the layers are (timeit,
+    timeit_pipelined): (torch.add on one element per call, pipelined; a training call per call,
+    pipelined).  The training call is torch.nn.functional.linear of a [1, 1] input by a [1, 1]
+    weight, both requiring grad, and its backward: one forward launch, autograd's backward with
+    two gradients and their accumulation into .grad, as the fwd+bwd rows (with zero_grad, .grad
+    set to None before each call, as --zero-grad does there).
 
     Why: where a call's host part (Python, launches, the event records) outlasts its kernels, the
-    per-call columns read the host; this one-launch call is the least any call reads on this host
-    in this run, so a reader can tell how much of a row is left to the library."""
+    per-call columns read the host; these one-element calls are the least a forward, and a
+    forward+backward with two leaf gradients, read on this host in this run, so a reader can tell
+    how much of a row is left to the library."""
     if device.type != "cuda":
         return None
     a = torch.ones(1, device=device)
-    fn = lambda: torch.add(a, a)  # noqa: E731
-    return timeit(fn, iters, warmup, device), timeit_pipelined(fn, iters, warmup, device)[0]
+    add = lambda: torch.add(a, a)  # noqa: E731
+    x = torch.ones(1, 1, device=device, requires_grad=True)
+    w = torch.ones(1, 1, device=device, requires_grad=True)
+    dy = torch.ones(1, 1, device=device)
+
+    def train():
+        if zero_grad:
+            x.grad = w.grad = None
+        torch.nn.functional.linear(x, w).backward(dy)
+    return (timeit(add, iters, warmup, device), timeit_pipelined(add, iters, warmup, device)[0],
+            timeit(train, iters, warmup, device), timeit_pipelined(train, iters, warmup, device)[0])
 
 
-def print_host_floor(env, key, device, when):
+def print_host_floor(env, key, device, when, zero_grad=False):
     """Measure host_floor into env[key] and print it (nothing off CUDA)."""
-    hf = env[key] = host_floor(device)
+    hf = env[key] = host_floor(device, zero_grad=zero_grad)
     if hf is not None:
         print(f"# host floor {when}: torch.add of one element {hf[0]:.1f} us a call, {hf[1]:.1f} pipelined "
-              f"(the least any call reads here)")
+              f"(the least any call reads here); a one-element linear's fwd+bwd {hf[2]:.1f} us a call, "
+              f"{hf[3]:.1f} pipelined (the least a fwd+bwd call reads here)")
 
 
 def settle(fn, ms, device):
@@ -465,7 +481,7 @@ def main():
               f"{BANDWIDTH / 1e12:.1f} TB/s and {PEAK[dtype] / 1e12:.0f} TFLOP/s (DESIGN.md section 7)")
     for p, v in probe.items():
         print(f"#   peer {p}: {v}")
-    print_host_floor(env, "host_floor_us", device, "at the start")
+    print_host_floor(env, "host_floor_us", device, "at the start", args.zero_grad)
     peak = PEAK[dtype]
     algos = [parse_algo(s) for s in args.algos]
     rows = []
@@ -611,7 +627,7 @@ def main():
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
-    print_host_floor(env, "host_floor_end_us", device, "at the end")
+    print_host_floor(env, "host_floor_end_us", device, "at the end", args.zero_grad)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=1, default=str)
