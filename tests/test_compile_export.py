@@ -441,6 +441,10 @@ def _on_fake_cuda(make):
         pytest.skip(f"fake CUDA tensors unavailable here: {e}")
 
 
+# What torch raises where it needs a CUDA device and the host has none.
+_NO_CUDA_DEVICE = ("CUDA driver version is insufficient", "Found no NVIDIA driver", "no CUDA GPUs are available")
+
+
 @contextlib.contextmanager
 def _tracing_fake_cuda():
     """Around a trace over _on_fake_cuda's tensors: skips where this torch's tracer reaches for a
@@ -453,9 +457,6 @@ def _tracing_fake_cuda():
         if torch.cuda.is_available() or not any(m in str(e) for m in _NO_CUDA_DEVICE):
             raise
         pytest.skip(f"this torch traces fake CUDA tensors only with a CUDA device: {str(e).splitlines()[0]}")
-
-
-_NO_CUDA_DEVICE = ("CUDA driver version is insufficient", "Found no NVIDIA driver", "no CUDA GPUs are available")
 
 
 def _fake_cuda_operands(rows, cin, cout, volume):
