@@ -47,7 +47,7 @@ def _pool(input, kernel_size, stride, padding, dilation, rule, mode, count):
         # A window with no occupied site (a floor-rule output whose dilated offsets miss the
         # inputs floored to it) gives 0, as global_max_pool gives an empty item: not -inf, which
         # a next layer would turn into NaN.
-        out = torch.where((nbmap >= 0).any(1, keepdim=True), out, torch.zeros_like(out))
+        out = out.masked_fill(~(nbmap >= 0).any(1, keepdim=True), 0)
     else:
         padded, idx = _gather_rows(feats, nbmap, 0.0)
         out = padded[idx[:, 0]]
