@@ -79,6 +79,33 @@ def test_compile_fullgraph(device):
     torch._dynamo.reset()
 
 
+def test_compile_graphs_of_a_tensor_passed_in():
+    """A SparseTensor passed into a compiled function keeps the kernel map that the call builds
+    (README, torch.compile): new tensors share one graph, the first repeat of a tensor compiles a
+    second that reads the map it keeps, and no call after compiles again.  Counted by dynamo's
+    CompileCounter backend (no inductor); every output against the dense fp64 reference."""
+    import torch._dynamo
+    import torch._dynamo.testing
+
+    torch.manual_seed(0)
+    conv = torchsp.nn.SparseConv3d(4, 5, 3).double()
+    counter = torch._dynamo.testing.CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda st: conv(st).feats, fullgraph=True, backend=counter)
+    coords = random_coords(300, span=6, seed=1)
+    tensors = [torchsp.SparseTensor(randn(coords.shape[0], 4, seed=s, dtype=torch.float64), coords)
+               for s in range(3)]
+    w = conv.weight.detach()
+    graphs = []
+    for i in (0, 1, 0, 0, 1, 2):
+        out = compiled(tensors[i])
+        want = ref.dense_conv(tensors[i].feats, coords, 1, w, (3, 3, 3), coords)
+        assert rel_err(out, want) <= 1e-10, i
+        graphs.append(counter.frame_count)
+    torch._dynamo.reset()
+    assert graphs == [1, 1, 2, 2, 2, 2], graphs
+
+
 def test_compile_fullgraph_backward(device):
     """Training step through the compiled chain: gradients of feats and every weight match eager
     (the backward graph calls conv_dgrad / conv_wgrad through the registered autograd)."""
