@@ -59,21 +59,6 @@ static __device__ __forceinline__ void tsp_cp_async16(void *dst, const void *src
 #endif
 }
 
-/* tsp_cp_async16 at a shared-memory address (tsp_smem_addr): a kernel that
-** keeps its stages' addresses as 32-bit words adds a constant per copy
-** instead of converting a pointer (conv_wgmma.cu's lean loader). */
-static __device__ __forceinline__ void tsp_cp_async16_at(uint32_t dst, const void *src, bool valid) {
-#ifndef TSP_MMA_UNAVAILABLE
-  if (valid)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-  else
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0u) : "memory");
-#else
-  (void)dst, (void)src, (void)valid;
-  __trap();
-#endif
-}
-
 /* 16-byte cp.async to shared address dst reading `bytes` (16 or 0) of src and
 ** zero-filling the rest: a zero-size copy reads nothing but still lands, so a
 ** stage's copies need no branch (src must still be a valid global address). */
@@ -86,6 +71,16 @@ static __device__ __forceinline__ void tsp_cp_async16_bytes(uint32_t dst, const 
   (void)dst, (void)src, (void)bytes;
   __trap();
 #endif
+}
+
+/* 16 bytes global -> shared address dst (tsp_smem_addr) from src when `valid`, else a
+** zero-size copy from `base` (any readable global address: nothing is read) that lands 16 zero
+** bytes.  Straight-line code: as an if / else of a copy and a shared store, each copy compiled to
+** a branch and a convergence barrier (conv_wgmma.cu's lean loader, which keeps its stages'
+** addresses as 32-bit words: what this gained there). */
+static __device__ __forceinline__ void tsp_cp_async16_or_zero(uint32_t dst, const void *src, const void *base,
+                                                              bool valid) {
+  tsp_cp_async16_bytes(dst, valid ? src : base, valid ? 16u : 0u);
 }
 
 static __device__ __forceinline__ void tsp_cp_async_commit() {

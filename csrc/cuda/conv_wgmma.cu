@@ -184,7 +184,8 @@ static __device__ __forceinline__ void
   /* Stage loader: chunk i of a stage (16 bytes) lands at element 8 i (file header).
   ** Tried, not kept: 0-byte cp.async zero fills instead of the branch to a shared store
   ** (what sped up conv_implicit_gemm.cu and wgrad): tile 13 at C = 64 fwd 66.0 / 65.8 ->
-  ** 69.5 / 69.9 us, dgrad likewise (H200 host, same run, 2026-11-25). */
+  ** 69.5 / 69.9 us, dgrad likewise (H200 host, same run, 2026-11-25).  The lean loader
+  ** below, whose copies are fewer instructions, gained from them (session 77). */
   auto load_step = [&](int li, int c0, int stage) {
     const int k = s_list[li];
     const uint32_t used = s_groups[k]; /* m64 blocks with no row for k are skipped, never read */
@@ -242,7 +243,15 @@ static __device__ __forceinline__ void
   ** PIPE) fwd 180.8 -> 134.6, dgrad 186.9 -> 138.3.  Tile 18 (the ring): subm
   ** C = 64 fwd 50.7 -> 39.4, dgrad 50.8 -> 39.2; down3 fwd 55.9 -> 46.2, dgrad
   ** 35.0 -> 31.3; down2 fwd 17.4 -> 15.9; up2 fwd 18.0 -> 17.1, dgrad 17.1 ->
-  ** 15.7. */
+  ** 15.7.
+  ** Each copy or zero fill is one cp.async (tsp_cp_async16_or_zero), not a
+  ** branch to a shared store as in load_step: the packed fp16 BN = 32
+  ** forward's step loop 229 -> 202 SASS instructions.  H200, lidar_198k,
+  ** fp16, tile 0, main kernel us from CUDA graph replays, three processes
+  ** each way alternating (session 77; sums bitwise equal): subm C = 32 fwd
+  ** 20.5 / 20.6 / 20.9 -> 19.8 / 19.8 / 20.4 (dgrad within 0.1); subm C = 64
+  ** (the ring) fwd 34.5 / 34.7 / 34.9 -> 33.7 / 33.7 / 33.9, dgrad 34.5 / 34.6
+  ** / 34.9 -> 33.5 / 33.7 / 33.8; down2, down3 and up2 C = 64 within 0.3. */
   enum { LEAN = MW == 1 && SW };
   const int tr = tid >> 3, tq = tid & 7;
   const uint32_t sw_off = (uint32_t)(tr * 128 + ((tq ^ tr) & 7) * 16);
@@ -288,7 +297,7 @@ static __device__ __forceinline__ void
       if (!((used >> (4 * (32 * it / 64))) & 0xFu)) continue;
       const int32_t p = ent[it * es];
       const bool valid = c_ok && (RING ? (uint32_t)p < p_lim : p >= 0);
-      tsp_cp_async16_at(a_sm + it * 4096, src_c + (int64_t)p * red2, valid);
+      tsp_cp_async16_or_zero(a_sm + it * 4096, src_c + (int64_t)p * red2, src, valid);
     }
     const uint32_t b_sm = b_sm0 + (uint32_t)stage * (B_STAGE * 2);
     /* The forward's weights (BT), K row rr of the step, channels col .. col + 7: PACK's channel rr % 8 cpo
@@ -308,13 +317,13 @@ static __device__ __forceinline__ void
     } else if (B64) { /* K row tid / 4 */
       bool valid;
       const char *wc = w_chunk(tid >> 2, n0 + (tid & 3) * 8, valid);
-      tsp_cp_async16_at(b64_sm0 + (uint32_t)stage * (B_STAGE * 2), wc, valid);
+      tsp_cp_async16_or_zero(b64_sm0 + (uint32_t)stage * (B_STAGE * 2), wc, w, valid);
     } else if (BT && PACK) { /* copy it: K row tr + 32 (it % 2) of 64-channel block it / 2 */
 #pragma unroll
       for (int it = 0; it < BN / 32; ++it) {
         bool valid;
         const char *wc = w_chunk(tr + 32 * (it & 1), n0 + tq * 8 + 64 * (it >> 1), valid);
-        tsp_cp_async16_at(b_sm + it * 4096, wc, valid);
+        tsp_cp_async16_or_zero(b_sm + it * 4096, wc, w, valid);
       }
     } else if (BT) { /* copy it: reduction row c0 + tr + 32 (it % 2) of 64-channel block it / 2 */
       const int col = n0 + tq * 8;
@@ -322,13 +331,13 @@ static __device__ __forceinline__ void
 #pragma unroll
       for (int it = 0; it < BN / 32; ++it) {
         const bool valid = c0 + tr + 32 * (it & 1) < red && col + 64 * (it >> 1) < n;
-        tsp_cp_async16_at(b_sm + it * 4096, wr + (int64_t)(it & 1) * 32 * n2 + (it >> 1) * 128, valid);
+        tsp_cp_async16_or_zero(b_sm + it * 4096, wr + (int64_t)(it & 1) * 32 * n2 + (it >> 1) * 128, w, valid);
       }
     } else { /* copy it: produced channel n0 + tr + 32 it, reduction chunk cq of k (tq without PACK) */
       const char *wr = (const char *)(w + c0 + cq * 8) + ((int64_t)k * n + n0 + tr) * red2;
 #pragma unroll
       for (int it = 0; it < BN / 32; ++it)
-        tsp_cp_async16_at(b_sm + it * 4096, wr + (int64_t)it * 32 * red2, c_ok && n0 + tr + 32 * it < n);
+        tsp_cp_async16_or_zero(b_sm + it * 4096, wr + (int64_t)it * 32 * red2, w, c_ok && n0 + tr + 32 * it < n);
     }
     return used;
   };
