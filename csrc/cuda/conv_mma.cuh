@@ -76,8 +76,10 @@ static __device__ __forceinline__ void tsp_cp_async16_bytes(uint32_t dst, const 
 /* 16 bytes global -> shared address dst (tsp_smem_addr) from src when `valid`, else a
 ** zero-size copy from `base` (any readable global address: nothing is read) that lands 16 zero
 ** bytes.  Straight-line code: as an if / else of a copy and a shared store, each copy compiled to
-** a branch and a convergence barrier (conv_wgmma.cu's lean loader, which keeps its stages'
-** addresses as 32-bit words: what this gained there). */
+** a branch and a convergence barrier (conv_wgmma.cu's lean loader: what it gained there).
+** conv_implicit_gemm.cu's loader writes the same select inline; routed through this helper its
+** SASS is not the same (nvcc 13.0, 1,648 fewer instructions over its 28 kernels), so it stays
+** inline until that is measured on a GPU. */
 static __device__ __forceinline__ void tsp_cp_async16_or_zero(uint32_t dst, const void *src, const void *base,
                                                               bool valid) {
   tsp_cp_async16_bytes(dst, valid ? src : base, valid ? 16u : 0u);
