@@ -362,6 +362,16 @@ static __device__ __forceinline__ void
   enum { AHEAD = PIPE ? STAGES - 2 : STAGES - 1 };
   static_assert(AHEAD >= 1, "PIPE needs at least 3 stages");
   int load_li = 0, load_c0 = 0, comp_li = 0, comp_c0 = 0;
+  /* A step is the next BK channels of list entry li, or entry li + 1's first.  PACK: red <= 32 <
+  ** BK, so each step is the next entry's at c0 = 0, and `PACK ||` below says so at compile time
+  ** (ptxas cannot know red): the lean loader's source address then depends on no step and
+  ** leaves the step loop (cuobjdump, nvcc 13.0, fp16 / bf16: BN = 32 forward 204 -> 191 SASS
+  ** instructions, dgrad 194 -> 175; BN = 64 253 -> 239, 232 -> 202; 64 registers, no spills;
+  ** the unpacked kernels unchanged).  H200, lidar_198k, fp16, main kernel us from CUDA graph
+  ** replays, three processes each way alternating (session 78; sums bitwise equal): subm C = 32
+  ** fwd 20.0 / 19.9 / 20.3 -> 19.8 / 19.9 / 19.9, dgrad 19.9 / 19.7 / 20.2 -> 19.6 / 19.6 /
+  ** 19.6; C = 16, the 4-channel stem and down2 C = 32 within 0.3.  Fewer instructions no longer
+  ** buy much here (session 77's 229 -> 202 gave 3%). */
   /* LEAN: the groups words of the steps loaded ahead, oldest first, as the
   ** loader read them: the compute then reads no list or groups word itself
   ** (two dependent shared loads a step ahead of its wgmma).  With the
@@ -382,7 +392,7 @@ static __device__ __forceinline__ void
     if (s < steps) {
       ahead[s] = load(load_li, load_c0, s);
       load_c0 += BK;
-      if (load_c0 >= red) load_c0 = 0, ++load_li;
+      if (PACK || load_c0 >= red) load_c0 = 0, ++load_li;
     }
     tsp_cp_async_commit();
   }
@@ -413,7 +423,7 @@ static __device__ __forceinline__ void
                                   s_ring, lane);
         }
       load_c0 += BK;
-      if (load_c0 >= red) load_c0 = 0, ++load_li;
+      if (PACK || load_c0 >= red) load_c0 = 0, ++load_li;
     }
     tsp_cp_async_commit();
 
@@ -430,7 +440,7 @@ static __device__ __forceinline__ void
     const uint32_t oldest = tsp_ahead_next(ahead, loaded);
     const uint32_t groups = LEAN ? oldest : s_groups[s_list[comp_li]];
     comp_c0 += BK;
-    if (comp_c0 >= red) comp_c0 = 0, ++comp_li;
+    if (PACK || comp_c0 >= red) comp_c0 = 0, ++comp_li;
     /* Warpgroup wg owns 16-row groups [4 MW wg, 4 MW (wg + 1)); m64 block m of it
     ** is groups 4 (MW wg + m) .. + 3.  All tests are warpgroup-uniform. */
     bool on[MW], any = false;
