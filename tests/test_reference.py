@@ -2,7 +2,7 @@
 
 Two independent formulations must agree before either is trusted: the dense
 F.conv3d / F.conv_transpose3d reference against a gather over the slow kernel
-map, the unique()-based map against a dict, and the occupancy-grid output sites
+map, the row_ids-based map against a dict, and the occupancy-grid output sites
 against brute-force enumeration of q = p - delta_k.
 """
 
@@ -39,6 +39,23 @@ def test_kernel_map_unique_vs_dict(kernel, dilation, step, sign):
     b = ref.kernel_map_dict(inp, out, kernel, dilation, p, step, sign)
     assert torch.equal(a, b)
     assert (a >= 0).any() and (a < 0).any()
+
+
+@pytest.mark.parametrize("span", [3, 1 << 40, 1 << 61])
+def test_row_ids_partition_rows_as_unique_does(span):
+    """row_ids (the reference map's row matching) groups rows exactly as torch.unique(dim=0)
+    does, with dense ids: many repeats of 40 random rows, from tiny to 2^61-wide values (no
+    packing range), rows that swap two columns' values (equal per column, not as rows), and all
+    81 rows over {0, 1, 2} (a fold one too narrow would merge some)."""
+    g = torch.Generator().manual_seed(span % 1009)
+    base = torch.randint(-span, span, (40, 4), generator=g)
+    base[20:, [1, 2]] = base[:20, [2, 1]]
+    grid = torch.cartesian_prod(*[torch.arange(3)] * 4)  # every row over {0, 1, 2}: each fold's edge
+    rows = torch.cat([base[torch.randint(0, 40, (600,), generator=g)], grid[torch.randperm(81, generator=g)]])
+    ids = ref.row_ids(rows)
+    want = torch.unique(rows, dim=0, return_inverse=True)[1]
+    assert torch.equal(ids[:, None] == ids[None], want[:, None] == want[None])
+    assert sorted(set(ids.tolist())) == list(range(int(want.max()) + 1))
 
 
 @pytest.mark.parametrize("kernel,stride,dilation,t", [(3, 2, 1, 1), (2, 2, 1, 2), (3, 2, 2, 1), (5, 2, 1, 1),
