@@ -371,7 +371,9 @@ static __device__ __forceinline__ void
   ** replays, three processes each way alternating (session 78; sums bitwise equal): subm C = 32
   ** fwd 20.0 / 19.9 / 20.3 -> 19.8 / 19.9 / 19.9, dgrad 19.9 / 19.7 / 20.2 -> 19.6 / 19.6 /
   ** 19.6; C = 16, the 4-channel stem and down2 C = 32 within 0.3.  Fewer instructions no longer
-  ** buy much here (session 77's 229 -> 202 gave 3%). */
+  ** buy much here (session 77's 229 -> 202 gave 3%).  The advance stays written out at its three
+  ** places: as a helper function or lambda it cost the unpacked kernels' step loops 1-2 SASS
+  ** instructions each (.peers/s78/next_step_fn.patch, untracked). */
   /* LEAN: the groups words of the steps loaded ahead, oldest first, as the
   ** loader read them: the compute then reads no list or groups word itself
   ** (two dependent shared loads a step ahead of its wgmma).  With the
