@@ -413,3 +413,94 @@ def test_conv_under_autocast(amp, device):
     assert rel_err(y.feats.float(), want) < 3e-2
     y.feats.float().sum().backward()
     assert conv.weight.grad is not None and conv.weight.grad.dtype == torch.float32
+
+
+class _DoubledWeight(spnn.SparseConv3d):
+    """A subclass whose `weight` property doubles the registered parameter (a data descriptor:
+    nn.Module.__setattr__ still registers the parameter, but reads go through the property)."""
+
+    @property
+    def weight(self):
+        w = self._parameters.get("weight")
+        if w is None:  # nn.Module.register_parameter asks hasattr before registering
+            raise AttributeError("weight")
+        return w * 2
+
+
+class _Halve(nn.Module):
+    def forward(self, w):
+        return w * 0.5
+
+
+def _conv_ways():
+    """(name, module maker, weight and bias the call must use) for each way a SparseConv3d's
+    parameters can be held."""
+    w2, b2 = randn(27, 4, 6, seed=5), randn(6, seed=6)
+
+    def plain():
+        m = spnn.SparseConv3d(4, 6, 3, bias=True).double()
+        return m, m.weight, m.bias
+
+    def no_bias():
+        m = spnn.SparseConv3d(4, 6, 3).double()
+        return m, m.weight, None
+
+    def bias_set_none():  # registered, then set to None: _parameters["bias"] is None
+        m = spnn.SparseConv3d(4, 6, 3, bias=True).double()
+        m.bias = None
+        return m, m.weight, None
+
+    def weight_plain_tensor():  # no longer a registered parameter (as FSDP's views)
+        m = spnn.SparseConv3d(4, 6, 3).double()
+        del m.weight
+        m.weight = w2
+        return m, w2, None
+
+    def bias_plain_tensor():  # bias=False leaves a plain None attribute; a tensor set there stays plain
+        m = spnn.SparseConv3d(4, 6, 3).double()
+        m.bias = b2
+        return m, m.weight, b2
+
+    def parametrized():
+        m = spnn.SparseConv3d(4, 6, 3).double()
+        w = m.weight.detach().clone()
+        torch.nn.utils.parametrize.register_parametrization(m, "weight", _Halve())
+        return m, w * 0.5, None
+
+    def subclass_property():
+        m = _DoubledWeight(4, 6, 3).double()
+        with torch.no_grad():  # reset_parameters initialised the property's copy, not the parameter
+            m._parameters["weight"].copy_(randn(27, 4, 6, seed=9))
+        return m, m._parameters["weight"] * 2, None
+
+    return [("plain", plain), ("no_bias", no_bias), ("bias_set_none", bias_set_none),
+            ("weight_plain_tensor", weight_plain_tensor), ("bias_plain_tensor", bias_plain_tensor),
+            ("parametrized", parametrized),
+            ("subclass_property", subclass_property)]
+
+
+@pytest.mark.parametrize("way", [w[0] for w in _conv_ways()])
+def test_conv_reads_the_parameters_attribute_access_gives(way):
+    """SparseConv3d.forward reads weight and bias from _parameters when it may (a shortcut past
+    nn.Module.__getattr__); whichever way they are held, the layer computes with the tensors that
+    attribute access gives: a parametrization's, a subclass property's, a plain tensor's, a bias
+    set to None.  Checked against the float64 dense reference (tests/reference.py) on those tensors,
+    and torch.func.functional_call's substitutes too."""
+    from reference import dense_conv
+
+    make = dict(_conv_ways())[way]
+    torch.manual_seed(3)
+    m, w, b = make()
+    x = make_input(n=120, channels=4, seed=4)
+    for _ in range(2):  # the second call takes the repeat memo where it applies
+        with torch.no_grad():
+            y = m(x).feats
+        want = dense_conv(x.feats, x.coords, 1, w.detach(), 3, x.coords, bias=b)
+        assert rel_err(y, want) < 1e-12, way
+    if way in ("plain", "no_bias"):
+        w3, b3 = randn(27, 4, 6, seed=7), randn(6, seed=8)
+        subs = {"weight": w3} if way == "no_bias" else {"weight": w3, "bias": b3}
+        with torch.no_grad():
+            y = torch.func.functional_call(m, subs, (x,)).feats
+        want = dense_conv(x.feats, x.coords, 1, w3, 3, x.coords, bias=subs.get("bias"))
+        assert rel_err(y, want) < 1e-12
