@@ -183,6 +183,12 @@ def num(v, w=9):
     return f"{v:{w}.1f}" if v is not None else f"{'-':>{w}s}"
 
 
+def ratio(v, w=7):
+    """A ratio (speedup, x floor) in a column of width w, two decimals, or '-': at one decimal
+    subm C = 256's fwd+bwd speedup of 1.96 read "2.0", a target it misses (session 79)."""
+    return f"{v:{w}.2f}" if v is not None else f"{'-':>{w}s}"
+
+
 def timeit_pipelined(fn, iters, warmup, device):
     """(us per call, host us per call) of `iters` calls issued back to back between one pair of
     CUDA events, after `warmup` calls and a synchronize.
@@ -649,9 +655,9 @@ def main():
         btf = min((r["fwdbwd_us"] for r in tsp if r.get("fwdbwd_us")), default=None)
         bpf = min((r["fwdbwd_us"] for r in prs if r.get("fwdbwd_us")), default=None)
         print(f"{name:11s} {fl['fwd_us']:7.1f} {s(bt and bt['fwd_us'])} {(bt['impl'][8:] if bt else '-'):>8s} "
-              f"{s(bt and bt['fwd_us'] / fl['fwd_us'], 5)} {s(bp and bp['fwd_us'])} {(bp['impl'] if bp else '-'):>11s} "
-              f"{s(bp and bt and bp['fwd_us'] / bt['fwd_us'], 7)} | {fl['fwdbwd_us']:8.1f} {s(btf, 8)} {s(bpf, 8)} "
-              f"{s(bpf and btf and bpf / btf, 7)}")
+              f"{ratio(bt and bt['fwd_us'] / fl['fwd_us'], 5)} {s(bp and bp['fwd_us'])} "
+              f"{(bp['impl'] if bp else '-'):>11s} {ratio(bp and bt and bp['fwd_us'] / bt['fwd_us'])} | "
+              f"{fl['fwdbwd_us']:8.1f} {s(btf, 8)} {s(bpf, 8)} {ratio(bpf and btf and bpf / btf)}")
     compact_pipelined(rows)
 
 
@@ -677,7 +683,7 @@ def compact_pipelined(rows):
             cols.append(f"{s(tv, w)} {s(t and t.get(key + '_host_us'), 7)} {s(pv, w)} "
                         f"{s(p and p.get(key + '_host_us'), 7)}"
                         + (f" {(p['impl'] if p else '-'):>11s}" if key == "fwd" else "")
-                        + f" {s(tv and pv and pv / tv, 7)}")
+                        + f" {ratio(tv and pv and pv / tv)}")
         print(f"{name:11s} {fl['fwd_us']:7.1f} {cols[0]} | {cols[1]}")
 
 
