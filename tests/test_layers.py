@@ -492,7 +492,7 @@ def test_conv_reads_the_parameters_attribute_access_gives(way):
     torch.manual_seed(3)
     m, w, b = make()
     x = make_input(n=120, channels=4, seed=4)
-    for _ in range(2):  # the second call takes the repeat memo where it applies
+    for _ in range(2):  # twice: a repeated call reads the parameters again
         with torch.no_grad():
             y = m(x).feats
         want = dense_conv(x.feats, x.coords, 1, w.detach(), 3, x.coords, bias=b)
